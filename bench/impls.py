@@ -1,0 +1,71 @@
+"""The implementations under test, each with one interface: label, backend, context(), forward(q, k, v, causal).
+q, k, v and the returned out are (B, S, H, D). torch and flashcute are imported inside."""
+import contextlib
+import os
+
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+ARCH_ENV = "FLASHCUTE_ARCH"
+
+
+class Sdpa:
+    """torch.nn.functional.scaled_dot_product_attention pinned to one backend; it takes (B, H, S, D), so the
+    (B, S, H, D) tensors go in and come out as transposed views (no copies)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.label = f"sdpa-{backend}"
+
+    def context(self):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[self.backend]))
+
+    def forward(self, q, k, v, causal):
+        import torch.nn.functional as F
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal)
+        return out.transpose(1, 2)
+
+
+class Flashcute:
+    """flashcute.flash_attn_func; with an arch, FLASHCUTE_ARCH is set while it runs (the library reads it per
+    call) and the label says which, e.g. 'flashcute[sm120]'."""
+
+    def __init__(self, arch=None):
+        self.arch = arch
+        shown = arch if arch is not None else os.environ.get(ARCH_ENV)
+        self.label = f"flashcute[sm{shown}]" if shown else "flashcute"
+        self.backend = self.label
+        self._fn = None
+
+    @contextlib.contextmanager
+    def context(self):
+        if self.arch is None:
+            yield
+            return
+        old = os.environ.get(ARCH_ENV)
+        os.environ[ARCH_ENV] = str(self.arch)
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(ARCH_ENV, None)
+            else:
+                os.environ[ARCH_ENV] = old
+
+    def forward(self, q, k, v, causal):
+        if self._fn is None:
+            import flashcute
+            self._fn = flashcute.flash_attn_func
+        out, _lse = self._fn(q, k, v, causal=causal)
+        return out
+
+
+def build(impl_names, archs=(None,)):
+    """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch."""
+    out = []
+    for name in impl_names:
+        if name == "flashcute":
+            out += [Flashcute(a) for a in archs]
+        else:
+            out.append(Sdpa(name))
+    return out

@@ -1,0 +1,142 @@
+/*
+ * flashcute: exact attention (FlashAttention) forward and backward.
+ *
+ * Plain C interface. Every call returns a status; on failure a message naming the offending argument is
+ * available from flashcute_last_error() (thread-local). The library never exits or aborts the process.
+ *
+ * Layout (FlashAttention's), strides in elements, last dimension contiguous:
+ *   q   (batch, seqlen_q, nheads,    head_dim)
+ *   k   (batch, seqlen_k, nheads_kv, head_dim)
+ *   v   (batch, seqlen_k, nheads_kv, head_dim_v)
+ *   out (batch, seqlen_q, nheads,    head_dim_v)
+ *   lse (batch, nheads, seqlen_q), natural log; float32 (float64 for the host reference)
+ * Variable length: with cu_seqlens_q/cu_seqlens_k (batch + 1 int32 offsets) the tokens of all sequences are
+ * packed along the row dimension, batch strides are ignored, seqlen_q/seqlen_k are the maximum lengths and
+ * lse is (nheads, total_q) with lse_head_stride.
+ * Visibility (bottom-right aligned): key j is visible to query i iff
+ *   j >= i + (Sk - Sq) - window_left  and  j <= i + (Sk - Sq) + window_right,
+ * a negative window side meaning unbounded; causal sets window_right = 0.
+ */
+#ifndef FLASHCUTE_FLASHCUTE_H
+#define FLASHCUTE_FLASHCUTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASHCUTE_VERSION_MAJOR 0
+#define FLASHCUTE_VERSION_MINOR 1
+#define FLASHCUTE_VERSION_PATCH 0
+
+typedef enum flashcute_status {
+  FLASHCUTE_SUCCESS = 0,
+  FLASHCUTE_ERROR_INVALID_ARGUMENT = 1, /* a pointer, shape, stride, dtype or flag is wrong */
+  FLASHCUTE_ERROR_UNSUPPORTED = 2,      /* valid input, but no kernel config serves it on this arch */
+  FLASHCUTE_ERROR_NOT_BUILT = 3,        /* the config exists but this binary holds no code for it / this GPU */
+  FLASHCUTE_ERROR_NO_DEVICE = 4,        /* no CUDA device, or the driver is missing */
+  FLASHCUTE_ERROR_ARCH_REFUSED = 5,     /* FLASHCUTE_ARCH names a profile this device cannot run */
+  FLASHCUTE_ERROR_WORKSPACE = 6,        /* workspace missing or too small */
+  FLASHCUTE_ERROR_CUDA = 7              /* a CUDA runtime call failed */
+} flashcute_status_t;
+
+typedef enum flashcute_dtype {
+  FLASHCUTE_FLOAT16 = 0,
+  FLASHCUTE_BFLOAT16 = 1,
+  FLASHCUTE_FLOAT64 = 3 /* host reference only */
+} flashcute_dtype_t;
+
+typedef enum flashcute_direction { FLASHCUTE_FORWARD = 0, FLASHCUTE_BACKWARD = 1 } flashcute_direction_t;
+
+typedef struct flashcute_fwd_params {
+  /* Device pointers (host pointers for the reference). out and lse are written. */
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  void* lse; /* may be NULL in the forward if the caller does not need it */
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t out_batch_stride, out_row_stride, out_head_stride;
+  int64_t lse_batch_stride, lse_head_stride; /* row stride of lse is 1 */
+
+  int64_t batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v;
+  flashcute_dtype_t dtype;
+
+  float softmax_scale;  /* scale applied to q.k */
+  float softcap;        /* 0: off; c > 0: s = c * tanh(x / c) */
+  int causal;           /* 1: window_right = 0 */
+  int64_t window_left;  /* < 0: unbounded */
+  int64_t window_right; /* < 0: unbounded */
+
+  /* Optional variable-length mode (device int32 arrays); NULL for the fixed-length batch. */
+  const int32_t* cu_seqlens_q; /* batch + 1 offsets into the packed rows of q/out */
+  const int32_t* cu_seqlens_k; /* batch + 1 offsets into the packed rows of k/v */
+  const int32_t* seqused_k;    /* batch entries: keys actually used per sequence (<= its length) */
+
+  void* workspace; /* device memory of at least flashcute_fwd_workspace_size bytes (may be NULL if 0) */
+  size_t workspace_size;
+} flashcute_fwd_params;
+
+typedef struct flashcute_bwd_params {
+  /* Inputs of the forward (q, k, v, out, lse) with their shapes and flags; lse is required here. */
+  flashcute_fwd_params fwd;
+
+  const void* dout;
+  int64_t dout_batch_stride, dout_row_stride, dout_head_stride;
+  const void* dlse; /* gradient of lse, same layout as lse; NULL means zero */
+
+  void* dq;
+  void* dk;
+  void* dv;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+  int deterministic; /* 1: bit-identical gradients across runs */
+
+  void* workspace; /* device memory of at least flashcute_bwd_workspace_size bytes */
+  size_t workspace_size;
+} flashcute_bwd_params;
+
+/* Fills defaults: zero pointers and shapes, scale 0 (set it), windows unbounded (-1), no softcap. */
+void flashcute_fwd_params_init(flashcute_fwd_params* params);
+void flashcute_bwd_params_init(flashcute_bwd_params* params);
+
+/* Set strides from shapes for contiguous (B, S, H, D) tensors and a contiguous (B, H, Sq) lse. */
+void flashcute_fwd_params_set_contiguous_strides(flashcute_fwd_params* params);
+
+flashcute_status_t flashcute_fwd_workspace_size(const flashcute_fwd_params* params, size_t* bytes);
+flashcute_status_t flashcute_bwd_workspace_size(const flashcute_bwd_params* params, size_t* bytes);
+
+/* Asynchronous on stream (a cudaStream_t, NULL for the legacy default stream) on the current device. */
+flashcute_status_t flashcute_fwd(const flashcute_fwd_params* params, void* stream);
+flashcute_status_t flashcute_bwd(const flashcute_bwd_params* params, void* stream);
+
+/* The float64 host reference with the same semantics (dtype must be FLASHCUTE_FLOAT64, host pointers).
+   Synchronous; uses no workspace. */
+flashcute_status_t flashcute_reference_fwd(const flashcute_fwd_params* params);
+flashcute_status_t flashcute_reference_bwd(const flashcute_bwd_params* params);
+
+/* Describe what dispatch would choose for this problem, as one line of text, without launching anything.
+   sm == 0: the current device (honouring FLASHCUTE_ARCH); otherwise that arch's profile (e.g. 120). */
+flashcute_status_t flashcute_explain(flashcute_direction_t direction, const flashcute_fwd_params* params, int sm,
+                                     char* buffer, size_t buffer_size);
+
+/* One line per known arch profile, or the profile of sm (sm > 0). */
+flashcute_status_t flashcute_arch_profiles(int sm, char* buffer, size_t buffer_size);
+
+const char* flashcute_status_string(flashcute_status_t status);
+const char* flashcute_last_error(void); /* message of the last failed call on this thread; "" if none */
+const char* flashcute_version(void);
+const char* flashcute_build_info(void); /* compiled CUDA targets and kernel subset */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHCUTE_FLASHCUTE_H */

@@ -1,0 +1,28 @@
+"""flashcute: exact attention (FlashAttention) forward and backward, a thin layer over the C library."""
+from ._capi import FlashCuteError, build_info, version
+
+try:
+    import torch
+except ModuleNotFoundError:  # the ctypes layer and `python -m flashcute.info` work without torch
+    torch = None
+else:
+    from . import ops as _ops
+
+__all__ = ["flash_attn_func", "version", "build_info", "FlashCuteError"]
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
+                    deterministic=False):
+    """Attention over q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns (out, lse).
+
+    out is (B, Sq, H, Dv) in q's dtype; lse is (B, H, Sq) float32 (float64 for float64 inputs), natural log.
+    window_size = (left, right), None or negative meaning unbounded; causal sets right = 0.
+    Differentiable through both out and lse.
+    """
+    if torch is None:
+        raise ModuleNotFoundError("flash_attn_func needs torch")
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    left, right = window_size
+    return _ops.fwd(q, k, v, float(softmax_scale), bool(causal), _ops.window_side(left), _ops.window_side(right),
+                    float(softcap), bool(deterministic))

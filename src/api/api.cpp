@@ -1,0 +1,214 @@
+// The C entry points: validate, resolve the arch profile, pick a config from the table, launch.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "api/device.h"
+#include "api/status.h"
+#include "api/validate.h"
+#include "api/workspace.h"
+#include "arch/dispatch.h"
+#include "common/kernel_params.h"
+#include "flashcute/flashcute.h"
+#include "reference/reference.h"
+
+using namespace flashcute;
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+Problem problem_of(flashcute_direction_t dir, flashcute_fwd_params const& p) {
+  return Problem{dir, p.dtype, (int)(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v)};
+}
+
+FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
+  FwdKernelParams k{};
+  k.q = p.q;
+  k.k = p.k;
+  k.v = p.v;
+  k.out = p.out;
+  k.lse = static_cast<float*>(p.lse);
+  k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
+  k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
+  k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;
+  k.out_batch_stride = p.out_batch_stride, k.out_row_stride = p.out_row_stride;
+  k.out_head_stride = p.out_head_stride;
+  k.lse_batch_stride = p.lse_batch_stride, k.lse_head_stride = p.lse_head_stride;
+  k.batch = (int)p.batch, k.seqlen_q = (int)p.seqlen_q, k.seqlen_k = (int)p.seqlen_k;
+  k.nheads = (int)p.nheads, k.nheads_kv = (int)p.nheads_kv;
+  k.head_dim = (int)p.head_dim, k.head_dim_v = (int)p.head_dim_v;
+  k.kv_group = (int)(p.nheads / p.nheads_kv);
+  k.softmax_scale = p.softmax_scale;
+  if (p.softcap > 0.f) {
+    k.softcap_prescale = p.softmax_scale / p.softcap;
+    k.scale_log2 = p.softcap * kLog2e;
+  } else {
+    k.softcap_prescale = 0.f;
+    k.scale_log2 = p.softmax_scale * kLog2e;
+  }
+  k.causal = p.causal != 0;
+  k.window_left = p.window_left;
+  k.window_right = p.window_right;
+  k.cu_seqlens_q = p.cu_seqlens_q;
+  k.cu_seqlens_k = p.cu_seqlens_k;
+  k.seqused_k = p.seqused_k;
+  return k;
+}
+
+// Validation, device pointers, profile and config: everything both directions do before launching.
+flashcute_status_t prepare(flashcute_direction_t dir, flashcute_fwd_params const& p, KernelConfig const** cfg,
+                           int* device_sm) {
+  struct {
+    void const* ptr;
+    char const* name;
+  } const ptrs[] = {{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"}};
+  for (auto const& x : ptrs)
+    if (x.ptr)
+      if (auto s = check_device_pointer(x.ptr, x.name)) return s;
+  arch::Profile const* profile = nullptr;
+  if (auto s = current_profile(&profile, device_sm)) return s;
+  std::string why;
+  *cfg = select_config(problem_of(dir, p), *profile, &why);
+  if (!*cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
+  return FLASHCUTE_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+void flashcute_fwd_params_init(flashcute_fwd_params* p) {
+  std::memset(p, 0, sizeof(*p));
+  p->dtype = FLASHCUTE_BFLOAT16;
+  p->window_left = -1;
+  p->window_right = -1;
+}
+
+void flashcute_bwd_params_init(flashcute_bwd_params* p) {
+  std::memset(p, 0, sizeof(*p));
+  flashcute_fwd_params_init(&p->fwd);
+}
+
+void flashcute_fwd_params_set_contiguous_strides(flashcute_fwd_params* p) {
+  p->q_head_stride = p->head_dim, p->q_row_stride = p->nheads * p->head_dim;
+  p->q_batch_stride = p->seqlen_q * p->q_row_stride;
+  p->k_head_stride = p->head_dim, p->k_row_stride = p->nheads_kv * p->head_dim;
+  p->k_batch_stride = p->seqlen_k * p->k_row_stride;
+  p->v_head_stride = p->head_dim_v, p->v_row_stride = p->nheads_kv * p->head_dim_v;
+  p->v_batch_stride = p->seqlen_k * p->v_row_stride;
+  p->out_head_stride = p->head_dim_v, p->out_row_stride = p->nheads * p->head_dim_v;
+  p->out_batch_stride = p->seqlen_q * p->out_row_stride;
+  p->lse_head_stride = p->seqlen_q, p->lse_batch_stride = p->nheads * p->seqlen_q;
+}
+
+flashcute_status_t flashcute_fwd_workspace_size(flashcute_fwd_params const* params, size_t* bytes) {
+  if (!bytes) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  *bytes = 0;
+  return validate_fwd(params, Target::kDevice);
+}
+
+flashcute_status_t flashcute_bwd_workspace_size(flashcute_bwd_params const* params, size_t* bytes) {
+  if (!bytes) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  *bytes = 0;
+  if (auto s = validate_bwd(params, Target::kDevice)) return s;
+  arch::Profile const* profile = nullptr;
+  int device_sm = 0;
+  if (auto s = current_profile(&profile, &device_sm)) return s;
+  std::string why;
+  auto const& p = params->fwd;
+  KernelConfig const* cfg = select_config(problem_of(FLASHCUTE_BACKWARD, p), *profile, &why);
+  if (!cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
+  *bytes = BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg->head_dim, cfg->block_m,
+                              params->deterministic != 0)
+               .total;
+  return FLASHCUTE_SUCCESS;
+}
+
+flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* stream) {
+  if (auto s = validate_fwd(params, Target::kDevice)) return s;
+  KernelConfig const* cfg = nullptr;
+  int device_sm = 0;
+  if (auto s = prepare(FLASHCUTE_FORWARD, *params, &cfg, &device_sm)) return s;
+  FwdLaunchFn launch = find_fwd_launcher(cfg->name);
+  if (!launch)
+    return fail(FLASHCUTE_ERROR_NOT_BUILT, std::string("kernel ") + cfg->name +
+                                               " was not compiled into this build (FLASHCUTE_KERNELS=" +
+                                               kernel_subset() + "): rebuild with -DFLASHCUTE_KERNELS=all");
+  return launch_status(launch(kernel_params(*params), stream), cfg->name, device_sm);
+}
+
+flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* stream) {
+  if (auto s = validate_bwd(params, Target::kDevice)) return s;
+  struct {
+    void const* ptr;
+    char const* name;
+  } const ptrs[] = {{params->dout, "dout"}, {params->dlse, "dlse"}, {params->dq, "dq"},
+                    {params->dk, "dk"},     {params->dv, "dv"}};
+  for (auto const& x : ptrs)
+    if (x.ptr)
+      if (auto s = check_device_pointer(x.ptr, x.name)) return s;
+  KernelConfig const* cfg = nullptr;
+  int device_sm = 0;
+  auto const& p = params->fwd;
+  if (auto s = prepare(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
+  BwdLaunchFn launch = find_bwd_launcher(cfg->name);
+  if (!launch)
+    return fail(FLASHCUTE_ERROR_NOT_BUILT, std::string("kernel ") + cfg->name +
+                                               " was not compiled into this build (FLASHCUTE_KERNELS=" +
+                                               kernel_subset() + "): rebuild with -DFLASHCUTE_KERNELS=all");
+  BwdWorkspace const ws = BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg->head_dim,
+                                             cfg->block_m, params->deterministic != 0);
+  if (ws.total && (!params->workspace || params->workspace_size < ws.total))
+    return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be at least " + std::to_string(ws.total) +
+                                               " bytes (see flashcute_bwd_workspace_size), got " +
+                                               std::to_string(params->workspace ? params->workspace_size : 0));
+  BwdKernelParams k{};
+  static_cast<FwdKernelParams&>(k) = kernel_params(p);
+  k.dout = params->dout;
+  k.dout_batch_stride = params->dout_batch_stride, k.dout_row_stride = params->dout_row_stride;
+  k.dout_head_stride = params->dout_head_stride;
+  k.dlse = static_cast<float const*>(params->dlse);
+  k.dq = params->dq, k.dk = params->dk, k.dv = params->dv;
+  k.dq_batch_stride = params->dq_batch_stride, k.dq_row_stride = params->dq_row_stride;
+  k.dq_head_stride = params->dq_head_stride;
+  k.dk_batch_stride = params->dk_batch_stride, k.dk_row_stride = params->dk_row_stride;
+  k.dk_head_stride = params->dk_head_stride;
+  k.dv_batch_stride = params->dv_batch_stride, k.dv_row_stride = params->dv_row_stride;
+  k.dv_head_stride = params->dv_head_stride;
+  char* base = static_cast<char*>(params->workspace);
+  k.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  k.dsoftmax_sum = reinterpret_cast<float*>(base + ws.dsoftmax_sum);
+  k.lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
+  bool const gqa = p.nheads != p.nheads_kv;
+  k.dk_accum = gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
+  k.dv_accum = gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
+  k.dq_semaphore = params->deterministic ? reinterpret_cast<int*>(base + ws.dq_semaphore) : nullptr;
+  k.seqlen_q_rounded = (int)ws.seqlen_q_rounded;
+  k.seqlen_k_rounded = (int)ws.seqlen_k_rounded;
+  k.head_dim_rounded = (int)ws.head_dim_rounded;
+  k.deterministic = params->deterministic != 0;
+  return launch_status(launch(k, stream), cfg->name, device_sm);
+}
+
+flashcute_status_t flashcute_reference_fwd(flashcute_fwd_params const* params) {
+  if (auto s = validate_fwd(params, Target::kHostReference)) return s;
+  reference::forward(*params);
+  return FLASHCUTE_SUCCESS;
+}
+
+flashcute_status_t flashcute_reference_bwd(flashcute_bwd_params const* params) {
+  if (auto s = validate_bwd(params, Target::kHostReference)) return s;
+  reference::backward(*params);
+  return FLASHCUTE_SUCCESS;
+}
+
+char const* flashcute_version(void) {
+#define FLASHCUTE_STR2(x) #x
+#define FLASHCUTE_STR(x) FLASHCUTE_STR2(x)
+  return FLASHCUTE_STR(FLASHCUTE_VERSION_MAJOR) "." FLASHCUTE_STR(FLASHCUTE_VERSION_MINOR) "." FLASHCUTE_STR(
+      FLASHCUTE_VERSION_PATCH);
+}
+
+}  // extern "C"

@@ -1,0 +1,82 @@
+// Introspection for the info CLI and tests: profiles, build contents, and what dispatch would pick.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "api/device.h"
+#include "api/status.h"
+#include "arch/dispatch.h"
+#include "flashcute/flashcute.h"
+
+using namespace flashcute;
+
+namespace {
+
+flashcute_status_t copy_out(std::string const& text, char* buffer, size_t size) {
+  if (!buffer || size == 0) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "buffer is NULL or empty");
+  std::snprintf(buffer, size, "%s", text.c_str());
+  if (text.size() >= size)
+    return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT,
+                "buffer_size too small: need " + std::to_string(text.size() + 1) + " bytes");
+  return FLASHCUTE_SUCCESS;
+}
+
+std::string describe(arch::Profile const& p) {
+  std::string caps;
+  for (uint32_t bit = 1; bit <= arch::kMmaSyncFp8; bit <<= 1)
+    if (p.caps & bit) caps += (caps.empty() ? "" : ",") + std::string(arch::capability_name(bit));
+  return std::string(p.name) + ": smem/block " + std::to_string(p.smem_per_block_optin / 1024) + " KB, smem/SM " +
+         std::to_string(p.smem_per_sm / 1024) + " KB, " + std::to_string(p.max_warps_per_sm) + " warps/SM, [" +
+         caps + "]";
+}
+
+}  // namespace
+
+extern "C" {
+
+flashcute_status_t flashcute_arch_profiles(int sm, char* buffer, size_t buffer_size) {
+  std::string text;
+  for (auto const& p : arch::kProfiles)
+    if (sm <= 0 || p.sm == sm) text += describe(p) + "\n";
+  if (text.empty()) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "sm " + std::to_string(sm) + " has no profile");
+  return copy_out(text, buffer, buffer_size);
+}
+
+flashcute_status_t flashcute_explain(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm,
+                                     char* buffer, size_t buffer_size) {
+  if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
+  if (direction != FLASHCUTE_FORWARD && direction != FLASHCUTE_BACKWARD)
+    return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "direction must be FLASHCUTE_FORWARD or FLASHCUTE_BACKWARD");
+  arch::Profile const* profile = nullptr;
+  std::string origin;
+  if (sm > 0) {
+    profile = arch::find_profile(sm);
+    if (!profile) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "sm " + std::to_string(sm) + " has no profile");
+    origin = "requested";
+  } else {
+    int device_sm = 0;
+    if (auto s = current_profile(&profile, &device_sm)) return s;
+    origin = profile->sm == device_sm ? "device" : "forced by FLASHCUTE_ARCH on sm_" + std::to_string(device_sm);
+  }
+  int const hd = (int)(params->head_dim > params->head_dim_v ? params->head_dim : params->head_dim_v);
+  std::string why;
+  KernelConfig const* c = select_config(Problem{direction, params->dtype, hd}, *profile, &why);
+  std::string text = std::string(profile->name) + " (" + origin + "), " +
+                     (direction == FLASHCUTE_FORWARD ? "forward" : "backward") + ", head_dim " + std::to_string(hd) +
+                     ": ";
+  if (!c) return copy_out(text + why, buffer, buffer_size);
+  bool const built = direction == FLASHCUTE_FORWARD ? find_fwd_launcher(c->name) != nullptr
+                                                    : find_bwd_launcher(c->name) != nullptr;
+  text += std::string(c->name) + " (tile " + std::to_string(c->block_m) + "x" + std::to_string(c->block_n) + ", " +
+          std::to_string(c->warps) + " warps, " + std::to_string(c->smem_bytes / 1024) + " KB smem, sized for " +
+          std::to_string(c->ctas_per_sm) + " CTA/SM), " + (built ? "built" : "NOT built in this binary");
+  return copy_out(text, buffer, buffer_size);
+}
+
+char const* flashcute_build_info(void) {
+  static std::string const info = std::string("flashcute ") + flashcute_version() + "; CUDA targets " +
+                                  compiled_targets() + "; kernels '" + kernel_subset() + "'";
+  return info.c_str();
+}
+
+}  // extern "C"

@@ -1,0 +1,37 @@
+#include "arch/dispatch.h"
+
+namespace flashcute {
+
+bool config_fits(KernelConfig const& cfg, arch::Profile const& p) {
+  if ((cfg.needs & ~p.caps) != 0) return false;
+  if (cfg.smem_bytes > p.smem_per_block_optin) return false;
+  // The driver reserves 1 KB of shared memory per CTA; counting it keeps "two CTAs per SM" honest on 100 KB parts.
+  constexpr int kReservedPerCta = 1024;
+  return (long)(cfg.smem_bytes + kReservedPerCta) * cfg.ctas_per_sm <= p.smem_per_sm;
+}
+
+KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why) {
+  int count = 0;
+  KernelConfig const* table = all_configs(&count);
+  KernelConfig const* best = nullptr;
+  bool any_head_dim = false;
+  for (int i = 0; i < count; ++i) {
+    KernelConfig const& c = table[i];
+    if (c.direction != problem.direction || c.dtype != problem.dtype) continue;
+    if (c.head_dim < problem.head_dim) continue;
+    any_head_dim = true;
+    if (!config_fits(c, p)) continue;
+    // Smallest covering head dim first (less padding), then the config's declared priority.
+    if (!best || c.head_dim < best->head_dim || (c.head_dim == best->head_dim && c.priority > best->priority))
+      best = &c;
+  }
+  if (!best && why) {
+    *why = std::string("unsupported: no ") + (problem.direction == FLASHCUTE_FORWARD ? "forward" : "backward") +
+           " kernel config for head_dim " + std::to_string(problem.head_dim) +
+           (any_head_dim ? " fits the " + std::string(p.name) + " profile (capabilities or shared memory)"
+                         : " exists (supported head dims are multiples of 8 up to 256)");
+  }
+  return best;
+}
+
+}  // namespace flashcute

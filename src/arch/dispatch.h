@@ -1,0 +1,23 @@
+// Config selection: the best registered config whose needs the profile meets and whose shared memory fits.
+#pragma once
+
+#include <string>
+
+#include "arch/profiles.h"
+#include "arch/registry.h"
+
+namespace flashcute {
+
+struct Problem {
+  flashcute_direction_t direction;
+  flashcute_dtype_t dtype;
+  int head_dim;    // max(head_dim, head_dim_v): the kernel tile must cover both
+};
+
+// Whether cfg may run under profile p: capabilities, shared memory per block and the occupancy it was sized for.
+bool config_fits(KernelConfig const& cfg, arch::Profile const& p);
+
+// The chosen config, or null with a reason ("unsupported: ...") in *why.
+KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why);
+
+}  // namespace flashcute

@@ -1,0 +1,44 @@
+// The config table: every kernel in src/instantiations/kernels.py as data, and the launch functions of those this
+// build compiled. Dispatch is a lookup in this table against an arch profile.
+#pragma once
+
+#include <cstdint>
+
+#include "flashcute/flashcute.h"
+#include "arch/profiles.h"
+
+namespace flashcute {
+
+struct FwdKernelParams;
+struct BwdKernelParams;
+
+enum class Family { kSm80, kSm90 };
+
+struct KernelConfig {
+  char const* name;
+  Family family;
+  flashcute_direction_t direction;
+  flashcute_dtype_t dtype;
+  int head_dim;
+  int block_m;
+  int block_n;
+  int warps;
+  int ctas_per_sm;  // occupancy the tile is sized for
+  int smem_bytes;   // dynamic shared memory per CTA
+  uint32_t needs;   // arch::Capability bits the kernel's instructions require
+  int priority;     // higher wins among configs that fit
+};
+
+// All configs of the instantiation list, built or not.
+KernelConfig const* all_configs(int* count);
+
+// The launch function of a config, or null when this build did not compile it (kernel subset).
+using FwdLaunchFn = int (*)(FwdKernelParams const&, void* stream);
+using BwdLaunchFn = int (*)(BwdKernelParams const&, void* stream);
+FwdLaunchFn find_fwd_launcher(char const* name);
+BwdLaunchFn find_bwd_launcher(char const* name);
+
+char const* kernel_subset();     // the FLASHCUTE_KERNELS value this build used
+char const* compiled_targets();  // the CUDA targets this build compiled for, e.g. "80;90a;120"
+
+}  // namespace flashcute

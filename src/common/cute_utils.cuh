@@ -1,0 +1,112 @@
+// Small CuTe building blocks shared by the forward and backward mainloops: accumulator views, type conversion,
+// warp-level GEMMs fed from shared memory, and predicated tile copies.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+namespace flashcute {
+
+using namespace cute;
+
+// An SM80 accumulator ((2 cols, 2 rows), MMA_M, MMA_N) seen as (rows, cols): ((2, MMA_M), (2, MMA_N)).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_as_rowcol(Layout const& acc) {
+  static_assert(decltype(rank(acc))::value == 3);
+  auto l = logical_divide(acc, Shape<_2>{});
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+}
+
+// An SM80 m16n8k16 accumulator reused as the A operand of the next GEMM: two n8 atoms form one k16 slice,
+// ((4), MMA_M, MMA_N) -> ((4, 2), MMA_M, MMA_N / 2).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_as_a_operand(Layout const& acc) {
+  static_assert(decltype(size<0>(acc))::value == 4);
+  static_assert(decltype(rank(acc))::value == 3);
+  auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+}
+
+template <class To, class Engine, class Layout>
+CUTE_DEVICE auto convert_to(Tensor<Engine, Layout> const& t) {
+  using From = typename Engine::value_type;
+  constexpr int N = decltype(size(t))::value;
+  cutlass::NumericArrayConverter<To, From, N> convert;
+  Tensor out = make_tensor<To>(t.layout());
+  *reinterpret_cast<cutlass::Array<To, N>*>(out.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, N> const*>(t.data()));
+  return out;
+}
+
+// acc += A * B with both operands streamed from shared memory one k-slice ahead of the MMAs.
+template <class Acc, class RA, class RB, class SA, class SB, class TiledMma, class CopyA, class CopyB>
+CUTE_DEVICE void gemm_ss(Acc& acc, RA& rA, RB& rB, SA const& sA, SB const& sB, TiledMma const& mma,
+                         CopyA const& copy_a, CopyB const& copy_b) {
+  auto rA_view = copy_a.get_slice(threadIdx.x).retile_D(rA);
+  auto rB_view = copy_b.get_slice(threadIdx.x).retile_D(rB);
+  CUTE_STATIC_ASSERT_V(size<1>(sA) == size<1>(rA_view));  // M
+  CUTE_STATIC_ASSERT_V(size<1>(sB) == size<1>(rB_view));  // N
+  cute::copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{}));
+  cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) {
+      cute::copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
+      cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    }
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// acc += A * B with A already in registers (e.g. P) and B streamed from shared memory.
+template <class Acc, class RA, class RB, class SB, class TiledMma, class CopyB>
+CUTE_DEVICE void gemm_rs(Acc& acc, RA const& rA, RB& rB, SB const& sB, TiledMma const& mma, CopyB const& copy_b) {
+  auto rB_view = copy_b.get_slice(threadIdx.x).retile_D(rB);
+  cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// Global -> shared tile copy with a zero-filling cp.async atom, predicated on rows < max_row and columns < max_col:
+// elements outside read nothing and land as zeros, so padded head dims and rows past the sequence contribute exact
+// zeros (never NaN) to MMAs. One predicated instruction per vector, no branches or separate clears.
+template <class TiledCopy, class S, class D, class C>
+CUTE_DEVICE void copy_tile_zfill(TiledCopy const& copy, S const& src, D& dst, C const& coord, int max_row,
+                                 int max_col) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    bool const row_ok = get<0>(coord(0, m, 0)) < max_row;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(src); ++k) {
+      cute::copy(copy.with(row_ok && get<1>(coord(0, m, k)) < max_col), src(_, m, k), dst(_, m, k));
+    }
+  }
+}
+
+// Shared/register -> global copy of the rows < max_row and columns < max_col only.
+template <class TiledCopy, class S, class D, class C>
+CUTE_DEVICE void copy_tile_bounded(TiledCopy const& copy, S const& src, D& dst, C const& coord, int max_row,
+                                   int max_col) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coord(0, m, 0)) < max_row) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src); ++k) {
+        if (get<1>(coord(0, m, k)) < max_col) cute::copy(copy, src(_, m, k), dst(_, m, k));
+      }
+    }
+  }
+}
+
+CUTE_DEVICE float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace flashcute

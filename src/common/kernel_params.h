@@ -1,0 +1,115 @@
+// What a kernel receives: the validated API params reduced to what device code reads (int sizes, folded scales).
+#pragma once
+
+#include <cstdint>
+
+#include "common/hostdevice.h"
+#include "common/mask.h"
+
+namespace flashcute {
+
+struct FwdKernelParams {
+  void const* q;
+  void const* k;
+  void const* v;
+  void* out;
+  float* lse;  // may be null
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t out_batch_stride, out_row_stride, out_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  int batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v;
+  int kv_group;  // nheads / nheads_kv
+
+  // Scores enter exp2 as s * log2(e): without softcap s = scale * qk, so the scale folds into one multiplier.
+  // With softcap c, s = c * tanh(qk * scale / c): the kernel multiplies by softcap_prescale before tanh and by
+  // scale_log2 = c * log2(e) after it.
+  float scale_log2;
+  float softcap_prescale;  // 0: no softcap
+  float softmax_scale;     // for the backward's dQ/dK scaling
+
+  bool causal;
+  long long window_left, window_right;
+
+  int const* cu_seqlens_q;
+  int const* cu_seqlens_k;
+  int const* seqused_k;
+};
+
+struct BwdKernelParams : FwdKernelParams {
+  void const* dout;
+  int64_t dout_batch_stride, dout_row_stride, dout_head_stride;
+  float const* dlse;  // may be null
+
+  void* dq;
+  void* dk;
+  void* dv;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+  // Workspace carved by the launch code (see src/api/workspace).
+  float* dq_accum;      // (batch, nheads, seqlen_q_rounded, head_dim_rounded) or varlen-packed equivalent
+  float* dsoftmax_sum;  // D_i = rowsum(dO * O)_i - dlse_i, (batch, nheads, seqlen_q_rounded)
+  float* lse_log2;      // lse * log2(e) with -inf rows mapped to +inf so exp2 gives 0, same layout as dsoftmax_sum
+  float* dk_accum;      // GQA only: (batch, seqlen_k_rounded, nheads_kv, head_dim_rounded) float32
+  float* dv_accum;      // GQA only
+  int* dq_semaphore;    // deterministic mode: per (batch, head, m-block) ordering counters
+  int seqlen_q_rounded, seqlen_k_rounded, head_dim_rounded;
+  bool deterministic;
+};
+
+// Per-sequence view: offsets and lengths of sequence `b`, for both the fixed-length batch and varlen.
+struct SeqInfo {
+  int64_t q_row0;  // first packed row of this sequence (varlen) or 0
+  int64_t k_row0;
+  int seqlen_q;
+  int seqlen_k;
+
+  template <class P>
+  FLASHCUTE_HD static SeqInfo make(P const& p, int b) {
+    SeqInfo s;
+    if (p.cu_seqlens_q) {
+      s.q_row0 = p.cu_seqlens_q[b];
+      s.seqlen_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    } else {
+      s.q_row0 = 0;
+      s.seqlen_q = p.seqlen_q;
+    }
+    if (p.cu_seqlens_k) {
+      s.k_row0 = p.cu_seqlens_k[b];
+      s.seqlen_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    } else {
+      s.k_row0 = 0;
+      s.seqlen_k = p.seqlen_k;
+    }
+    if (p.seqused_k) s.seqlen_k = p.seqused_k[b];
+    return s;
+  }
+
+  // Element offset of row 0 of this sequence for a tensor with the given batch and row strides.
+  template <class P>
+  FLASHCUTE_HD int64_t q_offset(P const& p, int b, int64_t batch_stride, int64_t row_stride) const {
+    return p.cu_seqlens_q ? q_row0 * row_stride : (int64_t)b * batch_stride;
+  }
+  template <class P>
+  FLASHCUTE_HD int64_t k_offset(P const& p, int b, int64_t batch_stride, int64_t row_stride) const {
+    return p.cu_seqlens_k ? k_row0 * row_stride : (int64_t)b * batch_stride;
+  }
+  // lse is (B, H, Sq) for the batch and (H, total_q) for varlen.
+  template <class P>
+  FLASHCUTE_HD int64_t lse_offset(P const& p, int b, int h) const {
+    return p.cu_seqlens_q ? (int64_t)h * p.lse_head_stride + q_row0
+                          : (int64_t)b * p.lse_batch_stride + (int64_t)h * p.lse_head_stride;
+  }
+
+  template <class P>
+  FLASHCUTE_HD Mask mask(P const& p) const {
+    return Mask::make(seqlen_q, seqlen_k, p.causal, p.window_left, p.window_right);
+  }
+};
+
+}  // namespace flashcute

@@ -1,0 +1,84 @@
+// Online softmax over SM80 accumulator fragments, in the log2 domain with the softmax scale folded into one FFMA
+// per score. Rows of a fragment are spread over the 4 threads of a quad, so row reductions are two shuffles.
+#pragma once
+
+#include <cmath>
+
+#include "common/cute_utils.cuh"
+
+namespace flashcute {
+
+template <class Op>
+CUTE_DEVICE float quad_allreduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffff, x, 1));
+  x = op(x, __shfl_xor_sync(0xffffffff, x, 2));
+  return x;
+}
+
+struct MaxOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+// A row whose running max is still -inf (no visible key yet) subtracts 0 instead, so exp2 gives 0, not NaN.
+CUTE_DEVICE float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];
+
+  CUTE_DEVICE OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
+  }
+
+  // scores (raw, masked with -inf) become unnormalised probabilities exp2(s * scale_log2 - max); acc_o is
+  // rescaled by how much each row's max moved.
+  template <class AccS, class AccO>
+  CUTE_DEVICE void update(AccS& acc_s, AccO& acc_o, float scale_log2) {
+    Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));  // (rows, cols)
+    Tensor o = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));  // (rows, head_dim cols)
+    static_assert(decltype(size<0>(s))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      m = quad_allreduce(m, MaxOp{});
+      float const correction = exp2f((row_max[r] - finite_or_zero(m)) * scale_log2);
+      row_max[r] = m;
+      float const max_scaled = finite_or_zero(m) * scale_log2;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - max_scaled);
+        sum += s(r, c);
+      }
+      // The sum stays thread-local until finalize: one reduction per row instead of one per tile.
+      row_sum[r] = row_sum[r] * correction + sum;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+    }
+  }
+
+  // Normalise acc_o and return each row's lse (natural log) in lse[]; rows that saw no key give out 0, lse -inf.
+  template <class AccO>
+  CUTE_DEVICE void finalize(AccO& acc_o, float scale_log2, float (&lse)[kRows]) {
+    Tensor o = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));
+    constexpr float kLn2 = 0.6931471805599453f;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_allreduce(row_sum[r], SumOp{});
+      bool const empty = sum == 0.f || sum != sum;
+      float const inv = empty ? 0.f : 1.f / sum;
+      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
+    }
+  }
+};
+
+}  // namespace flashcute

@@ -1,0 +1,68 @@
+"""The one explicit list of kernel instantiations. Everything else (the config table dispatch reads, the
+generated .cu files, the CI subset) is derived from it by generate.py.
+
+Compile-time axes: family (sm80 portable / sm90 Hopper), direction, dtype, head dim and the tile. Everything else
+(causal, window, softcap, GQA, varlen, strides, seqlens) is a runtime argument.
+
+Each entry: (family, direction, head_dim, block_m, block_n, warps, ctas_per_sm, priority, why).
+ctas_per_sm is the occupancy the tile is meant for: dispatch only picks it where smem * ctas_per_sm fits the
+profile's shared memory per SM. Among fitting configs the highest priority wins.
+"""
+
+DTYPES = ("fp16", "bf16")
+
+# Forward, portable mma.sync path. Two tile sets: one for the big-smem parts (sm_80/87: 163 KB, sm_90/100/110:
+# 227 KB) and one for the 99 KB parts (sm_86/89/120/121), where DESIGN.md section 4 asks for two CTAs per SM
+# when the tile allows it.
+FWD_SM80 = [
+    ("sm80", "fwd", 64, 128, 128, 4, 2, 2, "48 KB: Q 16 KB + K,V 2x16 KB; two CTAs even on 99 KB parts"),
+    ("sm80", "fwd", 64, 128, 64, 4, 2, 1, "32 KB fallback"),
+    ("sm80", "fwd", 96, 128, 64, 4, 2, 1, "48 KB, two CTAs on every profile"),
+    ("sm80", "fwd", 128, 128, 64, 4, 2, 2, "64 KB: FA2's A100/H100 tile, two CTAs on 163/227 KB parts"),
+    ("sm80", "fwd", 128, 128, 32, 4, 2, 1, "48 KB: two CTAs on 99 KB parts"),
+    ("sm80", "fwd", 192, 128, 64, 8, 1, 2, "96 KB, 8 warps"),
+    ("sm80", "fwd", 192, 64, 64, 4, 1, 1, "72 KB for 99 KB parts"),
+    ("sm80", "fwd", 256, 128, 64, 8, 1, 2, "128 KB, 8 warps: 163/227 KB parts only"),
+    ("sm80", "fwd", 256, 64, 64, 4, 1, 1, "96 KB: fits 99 KB parts"),
+]
+
+# Backward, portable mma.sync path (FA2's design: one CTA per key tile, dQ added into a float32 workspace).
+# Shared memory: Q, dO (block_m x D), K, V (block_n x D), P, dS (block_m x block_n), plus a second Q stage when
+# that keeps the tile inside the profile class it was sized for (99 / 163 / 227 KB). Mirrors
+# bwd_double_buffer_q() and SharedStorage in src/sm80/bwd_traits.cuh, which static_asserts the result.
+_SMEM_CLASSES = (101376, 166912, 232448)
+
+
+def _bwd_smem_class(nbytes):
+    return next((i for i, c in enumerate(_SMEM_CLASSES) if nbytes <= c), len(_SMEM_CLASSES))
+
+
+def bwd_smem_bytes(head_dim, block_m, block_n, warps):
+    single = 2 * (2 * block_m * head_dim + 2 * block_n * head_dim + 2 * block_m * block_n)
+    second_q = 2 * block_m * head_dim
+    double = _bwd_smem_class(single + second_q) == _bwd_smem_class(single)
+    return single + (second_q if double else 0)
+
+
+# Two tile sets: 163/227 KB parts (priority 2) and 99 KB parts (priority 1). block_n sets how often Q/dO are
+# re-read and how many dQ additions each query row receives, so it stays as large as the part allows.
+BWD_SM80 = [
+    ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "144 KB, Q double-buffered: FA2's tile for 144+ KB parts"),
+    ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "88 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 96, 64, 128, 8, 1, 2, "116 KB, Q double-buffered"),
+    ("sm80", "bwd", 96, 64, 64, 8, 1, 1, "76 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 128, 64, 128, 8, 1, 2, "144 KB, Q double-buffered: FA2's A100 tile"),
+    ("sm80", "bwd", 128, 64, 64, 8, 1, 1, "96 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "136 KB, Q double-buffered"),
+    ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144 KB, single Q stage (176 KB with two)"),
+    ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84 KB, Q double-buffered: 99 KB parts (64x32 needs 104 KB)"),
+]
+
+# Hopper probe: one wgmma + one TMA load, so the sm_90a compile is real until the Hopper kernels land.
+PROBES = [("sm90", "probe", 64, 64, 64, 4, 1, 0, "wgmma + TMA probe")]
+
+KERNELS = FWD_SM80
+
+# The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay.
+CI_HEAD_DIMS = (64, 128)

@@ -1,0 +1,171 @@
+// Portable forward mainloop (mma.sync + cp.async + ldmatrix): one CTA owns a kBlockM tile of queries of one
+// head and walks its visible K/V tiles from the last to the first, so the tiles that need masking come first.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/cute_utils.cuh"
+#include "common/kernel_params.h"
+#include "common/mask_apply.cuh"
+#include "common/softmax.cuh"
+#include "sm80/fwd_traits.cuh"
+
+namespace flashcute::sm80 {
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdKernelParams const p) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM;
+  constexpr int kBlockN = T::kBlockN;
+  constexpr int kHeadDim = T::kHeadDim;
+
+  extern __shared__ __align__(128) char smem_raw[];
+  auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  int const tid = threadIdx.x;
+
+  // Largest query tiles first: under causal masks they have the most keys, so the tail of the grid is short.
+  int const m_block = gridDim.x - 1 - blockIdx.x;
+  int const h = blockIdx.y;
+  int const b = blockIdx.z;
+  SeqInfo const seq = SeqInfo::make(p, b);
+  int const m0 = m_block * kBlockM;
+  if (m0 >= seq.seqlen_q) return;
+  Mask const mask = seq.mask(p);
+  int const m1 = min(m0 + kBlockM, seq.seqlen_q);
+  int const key_lo = mask.block_key_begin(m0);
+  int const key_hi = mask.block_key_end(m1);
+  int const n_min = key_lo / kBlockN;
+  // Tiles wholly outside every row's window are never loaded; an empty range leaves out 0 and lse -inf.
+  int const n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
+  int const h_kv = h / p.kv_group;
+
+  auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
+  auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  Element const* q_ptr = static_cast<Element const*>(p.q) + seq.q_offset(p, b, p.q_batch_stride, p.q_row_stride) +
+                         h * p.q_head_stride;
+  Element const* k_ptr = static_cast<Element const*>(p.k) + seq.k_offset(p, b, p.k_batch_stride, p.k_row_stride) +
+                         h_kv * p.k_head_stride;
+  Element const* v_ptr = static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
+                         h_kv * p.v_head_stride;
+  Element* o_ptr = static_cast<Element*>(p.out) + seq.q_offset(p, b, p.out_batch_stride, p.out_row_stride) +
+                   h * p.out_head_stride;
+  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(p.q_row_stride, _1{}));  // (Sq, D)
+  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.k_row_stride, _1{}));  // (Sk, D)
+  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
+  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(p.out_row_stride, _1{}));  // (Sq, Dv)
+  Tensor gQ = local_tile(mQ, tile_q, make_coord(m_block, 0));  // (kBlockM, D)
+  Tensor gK = local_tile(mK, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
+  Tensor gV = local_tile(mV, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
+  Tensor gO = local_tile(mO, tile_q, make_coord(m_block, 0));  // (kBlockM, D)
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});    // (kBlockM, D)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});   // (kBlockN, D)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});   // (kBlockN, D)
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutVt{});  // (D, kBlockN)
+
+  typename T::GmemLoad gmem_load;
+  auto load_thr = gmem_load.get_thread_slice(tid);
+  Tensor tQgQ = load_thr.partition_S(gQ);  // (CPY, CPY_M, CPY_D)
+  Tensor tQsQ = load_thr.partition_D(sQ);
+  Tensor tKgK = load_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = load_thr.partition_D(sK);
+  Tensor tVgV = load_thr.partition_S(gV);
+  Tensor tVsV = load_thr.partition_D(sV);
+  Tensor tQcQ = load_thr.partition_S(make_identity_tensor(tile_q));    // (row, col) of each copied vector
+  Tensor tKVcKV = load_thr.partition_S(make_identity_tensor(tile_kv));
+
+  typename T::TiledMma mma;
+  auto mma_thr = mma.get_thread_slice(tid);
+  Tensor tSrQ = mma_thr.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = mma_thr.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = mma_thr.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem.v), make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{})));  // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(mma, tile_q);  // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+
+  auto smem_load_q = make_tiled_copy_A(typename T::SmemLoadN{}, mma);
+  auto smem_load_k = make_tiled_copy_B(typename T::SmemLoadN{}, mma);
+  auto smem_load_v = make_tiled_copy_B(typename T::SmemLoadT{}, mma);
+  Tensor tSsQ = smem_load_q.get_thread_slice(tid).partition_S(sQ);
+  Tensor tSsK = smem_load_k.get_thread_slice(tid).partition_S(sK);
+  Tensor tOsVt = smem_load_v.get_thread_slice(tid).partition_S(sVt);
+
+  constexpr int kRows = 2 * decltype(size<1>(acc_o))::value;
+  OnlineSoftmax<kRows> softmax;
+
+  if (n_max > n_min) {
+    copy_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, seq.seqlen_q - m0, p.head_dim);
+    int const n = n_max - 1;
+    copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK, tKVcKV, seq.seqlen_k - n * kBlockN, p.head_dim);
+    cp_async_fence();
+  }
+
+  for (int n = n_max - 1; n >= n_min; --n) {
+    int const n0 = n * kBlockN;
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    // K (and Q) have landed, and every warp is done with the previous P.V, so V's buffer may be refilled.
+    cp_async_wait<0>();
+    __syncthreads();
+    copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV, tKVcKV, seq.seqlen_k - n0, p.head_dim_v);
+    cp_async_fence();
+
+    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, smem_load_q, smem_load_k);
+    if (p.softcap_prescale != 0.f) apply_softcap(acc_s, p.softcap_prescale);
+    if (!mask.tile_fully_visible(m0, m1, n0, n0 + kBlockN))
+      apply_mask(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0);
+
+    // V has landed, and every warp is done reading K: prefetch the next K under the softmax and P.V.
+    cp_async_wait<0>();
+    __syncthreads();
+    if (n > n_min) {
+      copy_tile_zfill(gmem_load, tKgK(_, _, _, n - 1), tKsK, tKVcKV, seq.seqlen_k - (n - 1) * kBlockN, p.head_dim);
+      cp_async_fence();
+    }
+
+    softmax.update(acc_s, acc_o, p.scale_log2);
+    Tensor rP = convert_to<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
+    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, smem_load_v);
+  }
+
+  float lse[kRows];
+  softmax.finalize(acc_o, p.scale_log2, lse);
+
+  // Epilogue: O goes through shared memory (Q's buffer, which no warp reads any more: the last barrier above
+  // followed the last Q.K) so global stores are 16-byte vectors along rows.
+  Tensor rO = convert_to<Element>(acc_o);
+  Tensor sO = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});  // (kBlockM, D)
+  auto smem_store_o = make_tiled_copy_C(typename T::SmemStoreC{}, mma);
+  auto store_thr = smem_store_o.get_thread_slice(tid);
+  cute::copy(smem_store_o, store_thr.retile_S(rO), store_thr.partition_D(sO));
+  __syncthreads();
+
+  typename T::GmemStore gmem_store;
+  auto gst_thr = gmem_store.get_thread_slice(tid);
+  Tensor tOsO = gst_thr.partition_S(sO);
+  Tensor tOgO = gst_thr.partition_D(gO);
+  Tensor tOcO = gst_thr.partition_D(make_identity_tensor(tile_q));
+  Tensor tOrO = make_fragment_like(tOsO);
+  cute::copy(gmem_store, tOsO, tOrO);
+  copy_tile_bounded(gmem_store, tOrO, tOgO, tOcO, seq.seqlen_q - m0, p.head_dim_v);
+
+  if (p.lse) {
+    Tensor cO = mma_thr.partition_C(make_identity_tensor(tile_q));
+    Tensor cO_rc = make_tensor(cO.data(), acc_as_rowcol(cO.layout()));
+    float* lse_ptr = p.lse + seq.lse_offset(p, b, h);
+    if (get<1>(cO_rc(0, 0)) == 0) {  // one thread of each quad holds column 0 of its rows
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        int const row = m0 + get<0>(cO_rc(r, 0));
+        if (row < seq.seqlen_q) lse_ptr[row] = lse[r];
+      }
+    }
+  }
+}
+
+}  // namespace flashcute::sm80

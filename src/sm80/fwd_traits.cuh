@@ -1,0 +1,73 @@
+// Compile-time description of one portable forward kernel: the MMA, shared-memory layouts and copies for a
+// (dtype, head dim, tile) instantiation. Tiles per arch profile are chosen in src/instantiations/kernels.py.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+
+#include "sm80/fwd_launch.h"
+
+namespace flashcute::sm80 {
+
+using namespace cute;
+
+template <class Element>
+using Sm80MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                       MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>,
+                                       MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>>;
+
+// Shared pieces of the forward and backward tiles: a 16-byte-vector swizzle for rows of 64 (or 32) elements,
+// which makes both cp.async stores and ldmatrix reads bank-conflict free.
+template <class Element, int kHeadDim, int kThreads>
+struct Sm80TileBase {
+  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzleBits = kBlockKSmem == 64 ? 3 : 2;
+  using SmemAtom = decltype(composition(Swizzle<kSwizzleBits, 3, 3>{},
+                                        Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
+  static constexpr int kVec = 16 / sizeof(Element);
+  static constexpr int kGmemThreadsPerRow = kBlockKSmem / kVec;
+  static_assert(kThreads % kGmemThreadsPerRow == 0);
+  using GmemThreads = Layout<Shape<Int<kThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
+                             Stride<Int<kGmemThreadsPerRow>, _1>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{},
+                                            GmemThreads{}, Layout<Shape<_1, Int<kVec>>>{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
+                                             Layout<Shape<_1, Int<kVec>>>{}));
+  using SmemLoadN = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemLoadT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using SmemStoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;
+};
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+struct FwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
+  using Element = Element_;
+  using Base = Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32>;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static_assert(kBlockM % (16 * kWarps) == 0, "each warp owns whole 16-row MMA slabs of the Q tile");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 32 == 0);
+
+  // Warps split the query rows, so softmax row reductions never leave a warp.
+  using TiledMma = TiledMMA<Sm80MmaAtom<Element>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
+
+  using SmemLayoutQ = decltype(tile_to_shape(typename Base::SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(typename Base::SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V read as Vt (head_dim x block_n) for the P.V product: the same bytes, transposed coordinates.
+  using SmemLayoutVt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+
+  struct SharedStorage {
+    alignas(128) Element q[cosize_v<SmemLayoutQ>];  // reused for O in the epilogue
+    alignas(128) Element k[cosize_v<SmemLayoutKV>];
+    alignas(128) Element v[cosize_v<SmemLayoutKV>];
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes == (kBlockM + 2 * kBlockN) * kHeadDim * 2,
+                "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
+};
+
+}  // namespace flashcute::sm80

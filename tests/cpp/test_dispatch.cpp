@@ -1,0 +1,142 @@
+// The dispatch walk: every arch profile x dtype x head dim x direction either gets a config whose needs the
+// profile meets and whose shared memory fits, or a clear "unsupported". Causal, window, softcap, GQA and varlen
+// are runtime arguments of every kernel, so they do not enter dispatch.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "api/device.h"
+#include "arch/dispatch.h"
+#include "arch/profiles.h"
+#include "arch/registry.h"
+
+using namespace flashcute;
+
+namespace {
+
+std::set<std::string> instantiation_list() {
+  int n = 0;
+  KernelConfig const* table = all_configs(&n);
+  std::set<std::string> names;
+  for (int i = 0; i < n; ++i) names.insert(table[i].name);
+  return names;
+}
+
+}  // namespace
+
+TEST(Dispatch, WalkEveryProfileDtypeHeadDimDirection) {
+  auto const names = instantiation_list();
+  ASSERT_FALSE(names.empty());
+  int chosen = 0, unsupported = 0;
+  for (auto const& profile : arch::kProfiles) {
+    for (auto dtype : {FLASHCUTE_FLOAT16, FLASHCUTE_BFLOAT16}) {
+      for (auto dir : {FLASHCUTE_FORWARD, FLASHCUTE_BACKWARD}) {
+        for (int hd = 8; hd <= 256; hd += 8) {
+          std::string why;
+          KernelConfig const* c = select_config(Problem{dir, dtype, hd}, profile, &why);
+          SCOPED_TRACE(std::string(profile.name) + " hd " + std::to_string(hd) + " dir " + std::to_string(dir));
+          if (!c) {
+            ++unsupported;
+            EXPECT_EQ(why.rfind("unsupported: ", 0), 0u) << why;
+            continue;
+          }
+          ++chosen;
+          EXPECT_EQ(c->needs & ~profile.caps, 0u) << c->name << " needs a capability " << profile.name << " lacks";
+          EXPECT_LE(c->smem_bytes, profile.smem_per_block_optin) << c->name;
+          EXPECT_TRUE(config_fits(*c, profile)) << c->name;
+          EXPECT_GE(c->head_dim, hd);
+          EXPECT_EQ(c->dtype, dtype);
+          EXPECT_EQ(c->direction, dir);
+          EXPECT_TRUE(names.count(c->name)) << c->name << " is not in the instantiation list";
+          // Forward tiles are sized per profile: the chosen one must leave the occupancy it was sized for.
+          EXPECT_LE((c->smem_bytes + 1024) * c->ctas_per_sm, profile.smem_per_sm) << c->name;
+        }
+      }
+    }
+  }
+  EXPECT_GT(chosen, 0);
+  std::printf("dispatch walk: %d chosen, %d unsupported\n", chosen, unsupported);
+}
+
+TEST(Dispatch, ForwardCoversEveryHeadDimOnEveryProfile) {
+  for (auto const& profile : arch::kProfiles)
+    for (auto dtype : {FLASHCUTE_FLOAT16, FLASHCUTE_BFLOAT16})
+      for (int hd = 8; hd <= 256; hd += 8) {
+        std::string why;
+        EXPECT_NE(select_config(Problem{FLASHCUTE_FORWARD, dtype, hd}, profile, &why), nullptr)
+            << profile.name << " hd " << hd << ": " << why;
+      }
+}
+
+TEST(Dispatch, HeadDimAbove256IsUnsupportedWithReason) {
+  std::string why;
+  EXPECT_EQ(select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 264}, *arch::find_profile(90), &why),
+            nullptr);
+  EXPECT_NE(why.find("head_dim 264"), std::string::npos) << why;
+}
+
+TEST(Dispatch, SmallSmemProfilesGetTilesForTwoCtasAtHeadDim128) {
+  for (int sm : {86, 89, 120, 121}) {
+    KernelConfig const* c =
+        select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128}, *arch::find_profile(sm), nullptr);
+    ASSERT_NE(c, nullptr);
+    EXPECT_LE(c->smem_bytes, 48 * 1024) << sm << " " << c->name;
+  }
+}
+
+TEST(Dispatch, NoFamilyRunsWithoutItsInstructions) {
+  // A profile without mma.sync (hypothetical) gets nothing from the portable family.
+  arch::Profile bare = *arch::find_profile(80);
+  bare.caps = arch::kCpAsync | arch::kLdmatrix;
+  std::string why;
+  EXPECT_EQ(select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_FLOAT16, 64}, bare, &why), nullptr);
+}
+
+TEST(ForcedArch, AcceptedWhereTheDeviceHasEverything) {
+  arch::Profile const& h200 = *arch::find_profile(90);
+  for (char const* sm : {"80", "86", "89", "90", "120", "121"}) {
+    arch::Profile const* p = nullptr;
+    EXPECT_EQ(apply_forced_arch(h200, sm, &p), FLASHCUTE_SUCCESS) << sm;
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(std::to_string(p->sm), sm);
+  }
+}
+
+TEST(ForcedArch, RefusedWhereTheDeviceLacksACapabilityOrMemory) {
+  arch::Profile const* p = nullptr;
+  // tcgen05 is missing on Hopper.
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(90), "100", &p), FLASHCUTE_ERROR_ARCH_REFUSED);
+  EXPECT_NE(std::string(flashcute_last_error()).find("tcgen05"), std::string::npos) << flashcute_last_error();
+  // An RTX 30 has neither the fp8 mma.sync of sm_89 nor the 163 KB of sm_80.
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(86), "89", &p), FLASHCUTE_ERROR_ARCH_REFUSED);
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(86), "80", &p), FLASHCUTE_ERROR_ARCH_REFUSED);
+  EXPECT_NE(std::string(flashcute_last_error()).find("shared memory"), std::string::npos);
+  // An RTX 50 has no wgmma.
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(120), "90", &p), FLASHCUTE_ERROR_ARCH_REFUSED);
+  EXPECT_NE(std::string(flashcute_last_error()).find("wgmma"), std::string::npos);
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(90), "75", &p), FLASHCUTE_ERROR_ARCH_REFUSED);
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(90), "sm90", &p), FLASHCUTE_ERROR_ARCH_REFUSED);
+}
+
+TEST(ForcedArch, EmptyMeansTheDeviceProfile) {
+  arch::Profile const* p = nullptr;
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(89), "", &p), FLASHCUTE_SUCCESS);
+  EXPECT_EQ(p->sm, 89);
+  EXPECT_EQ(apply_forced_arch(*arch::find_profile(89), nullptr, &p), FLASHCUTE_SUCCESS);
+  EXPECT_EQ(p->sm, 89);
+}
+
+TEST(Profiles, EveryDeclaredArchIsPresentAndSane) {
+  for (int sm : {80, 86, 87, 89, 90, 100, 103, 110, 120, 121}) {
+    arch::Profile const* p = arch::find_profile(sm);
+    ASSERT_NE(p, nullptr) << sm;
+    EXPECT_TRUE(p->caps & arch::kMmaSync);
+    EXPECT_LE(p->smem_per_block_optin, p->smem_per_sm);
+  }
+  EXPECT_FALSE(arch::find_profile(120)->caps & arch::kWgmma);
+  EXPECT_FALSE(arch::find_profile(120)->caps & arch::kTcgen05);
+  EXPECT_FALSE(arch::find_profile(120)->caps & arch::kTmaMulticast);
+  EXPECT_TRUE(arch::find_profile(120)->caps & arch::kTma);
+  EXPECT_EQ(arch::find_profile(120)->smem_per_block_optin, 101376);
+}
