@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One batched GPU session (for a lent GPU machine with no network): build for this GPU, run the C++ and Python
+# tests, then a benchmark; logs under ${OUT:-/tmp/flashcute-out}. Environment knobs:
+#   KERNELS  kernel subset regex (default all)      PYTEST_ARGS  extra pytest arguments (default: all tests)
+#   BENCH    bench/run.py arguments, empty to skip  BUILD_ONLY=1 stop after the build
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${OUT:-/tmp/flashcute-out}"
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+start=$(date +%s)
+dir="$(bash "$root/scripts/build.sh" auto -DFLASHCUTE_KERNELS="${KERNELS:-all}" 2> >(tee "$out/build.txt" >&2) | tail -n1)"
+echo "build: $(( $(date +%s) - start )) s"
+cp "$dir/build.log" "$out/build.log" 2>/dev/null
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
+export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so" PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
+(cd "$dir" && ctest --output-on-failure -j 8 > "$out/ctest.txt" 2>&1; tail -n 4 "$out/ctest.txt")
+cd "$root"
+python3 -m pytest -q -x --no-header -p no:cacheprovider ${PYTEST_ARGS:-tests/python} > "$out/pytest.txt" 2>&1
+grep -E "passed|failed|error" "$out/pytest.txt" | tail -n 3
+grep -E "^(FAILED|ERROR)|Error|assert" "$out/pytest.txt" | head -n 20
+if [ -n "${BENCH:-}" ]; then
+  python3 bench/run.py ${BENCH} --out "$out/bench" > "$out/bench.txt" 2>&1
+  tail -n 60 "$out/bench.txt"
+fi
