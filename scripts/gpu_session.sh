@@ -16,7 +16,7 @@ cp "$dir/build.log" "$out/build.log" 2>/dev/null
 export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so" PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
 (cd "$dir" && ctest --output-on-failure -j 8 > "$out/ctest.txt" 2>&1; tail -n 4 "$out/ctest.txt")
 cd "$root"
-python3 -m pytest -q -x --no-header -p no:cacheprovider ${PYTEST_ARGS:-tests/python} > "$out/pytest.txt" 2>&1
+python3 -m pytest -q --no-header -p no:cacheprovider ${PYTEST_ARGS:-tests/python} > "$out/pytest.txt" 2>&1
 grep -E "passed|failed|error" "$out/pytest.txt" | tail -n 3
 grep -E "^(FAILED|ERROR)|Error|assert" "$out/pytest.txt" | head -n 20
 if [ -n "${BENCH:-}" ]; then

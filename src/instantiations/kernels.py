@@ -62,7 +62,7 @@ BWD_SM80 = [
 # Hopper probe: one wgmma + one TMA load, so the sm_90a compile is real until the Hopper kernels land.
 PROBES = [("sm90", "probe", 64, 64, 64, 4, 1, 0, "wgmma + TMA probe")]
 
-KERNELS = FWD_SM80
+KERNELS = FWD_SM80 + BWD_SM80
 
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay.
 CI_HEAD_DIMS = (64, 128)
