@@ -1,5 +1,6 @@
 // The C entry points: validate, resolve the arch profile, pick a config from the table, launch.
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -70,7 +71,7 @@ flashcute_status_t prepare(flashcute_direction_t dir, flashcute_fwd_params const
   arch::Profile const* profile = nullptr;
   if (auto s = current_profile(&profile, device_sm)) return s;
   std::string why;
-  *cfg = select_config(problem_of(dir, p), *profile, &why);
+  *cfg = select_config(problem_of(dir, p), *profile, &why, std::getenv("FLASHCUTE_CONFIG"));
   if (!*cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
   return FLASHCUTE_SUCCESS;
 }
@@ -118,7 +119,8 @@ flashcute_status_t flashcute_bwd_workspace_size(flashcute_bwd_params const* para
   if (auto s = current_profile(&profile, &device_sm)) return s;
   std::string why;
   auto const& p = params->fwd;
-  KernelConfig const* cfg = select_config(problem_of(FLASHCUTE_BACKWARD, p), *profile, &why);
+  KernelConfig const* cfg =
+      select_config(problem_of(FLASHCUTE_BACKWARD, p), *profile, &why, std::getenv("FLASHCUTE_CONFIG"));
   if (!cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
   *bytes = BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg->head_dim, cfg->block_m,
                               params->deterministic != 0)

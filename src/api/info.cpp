@@ -1,5 +1,6 @@
 // Introspection for the info CLI and tests: profiles, build contents, and what dispatch would pick.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -60,7 +61,8 @@ flashcute_status_t flashcute_explain(flashcute_direction_t direction, flashcute_
   }
   int const hd = (int)(params->head_dim > params->head_dim_v ? params->head_dim : params->head_dim_v);
   std::string why;
-  KernelConfig const* c = select_config(Problem{direction, params->dtype, hd}, *profile, &why);
+  KernelConfig const* c = select_config(Problem{direction, params->dtype, hd}, *profile, &why,
+                                        sm > 0 ? nullptr : std::getenv("FLASHCUTE_CONFIG"));
   std::string text = std::string(profile->name) + " (" + origin + "), " +
                      (direction == FLASHCUTE_FORWARD ? "forward" : "backward") + ", head_dim " + std::to_string(hd) +
                      ": ";

@@ -10,9 +10,28 @@ bool config_fits(KernelConfig const& cfg, arch::Profile const& p) {
   return (long)(cfg.smem_bytes + kReservedPerCta) * cfg.ctas_per_sm <= p.smem_per_sm;
 }
 
-KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why) {
+KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why,
+                                  char const* forced) {
   int count = 0;
   KernelConfig const* table = all_configs(&count);
+  if (forced && *forced) {
+    for (int i = 0; i < count; ++i) {
+      KernelConfig const& c = table[i];
+      if (std::string(c.name) != forced) continue;
+      if (c.direction != problem.direction) break;  // a forward config says nothing about the backward
+      if (c.dtype == problem.dtype && c.head_dim >= problem.head_dim && config_fits(c, p)) return &c;
+      if (why)
+        *why = std::string("unsupported: FLASHCUTE_CONFIG=") + forced + " does not serve this dtype/head_dim or fit " +
+               p.name;
+      return nullptr;
+    }
+    bool known = false;
+    for (int i = 0; i < count; ++i) known |= std::string(table[i].name) == forced;
+    if (!known) {
+      if (why) *why = std::string("unsupported: FLASHCUTE_CONFIG=") + forced + " names no kernel config";
+      return nullptr;
+    }
+  }
   KernelConfig const* best = nullptr;
   bool any_head_dim = false;
   for (int i = 0; i < count; ++i) {

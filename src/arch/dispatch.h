@@ -17,7 +17,10 @@ struct Problem {
 // Whether cfg may run under profile p: capabilities, shared memory per block and the occupancy it was sized for.
 bool config_fits(KernelConfig const& cfg, arch::Profile const& p);
 
-// The chosen config, or null with a reason ("unsupported: ...") in *why.
-KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why);
+// The chosen config, or null with a reason ("unsupported: ...") in *why. forced (FLASHCUTE_CONFIG, for tuning)
+// names one config of the table to use instead of the best; it is ignored for the other direction, and refused
+// when it does not serve the problem or fit the profile.
+KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why,
+                                  char const* forced = nullptr);
 
 }  // namespace flashcute

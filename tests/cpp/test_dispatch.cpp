@@ -140,3 +140,26 @@ TEST(Profiles, EveryDeclaredArchIsPresentAndSane) {
   EXPECT_TRUE(arch::find_profile(120)->caps & arch::kTma);
   EXPECT_EQ(arch::find_profile(120)->smem_per_block_optin, 101376);
 }
+
+TEST(Dispatch, ForcedConfigIsUsedOnlyWhereItServesAndFits) {
+  arch::Profile const& h200 = *arch::find_profile(90);
+  Problem const fwd128{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128};
+  std::string why;
+  KernelConfig const* c = select_config(fwd128, h200, &why, "sm80_fwd_bf16_hd128_m128n32w4");
+  ASSERT_NE(c, nullptr) << why;
+  EXPECT_STREQ(c->name, "sm80_fwd_bf16_hd128_m128n32w4");
+  // Wrong dtype, too small a head dim: refused with the name in the reason.
+  EXPECT_EQ(select_config(fwd128, h200, &why, "sm80_fwd_fp16_hd128_m128n32w4"), nullptr);
+  EXPECT_NE(why.find("FLASHCUTE_CONFIG"), std::string::npos);
+  EXPECT_EQ(select_config(fwd128, h200, &why, "sm80_fwd_bf16_hd64_m128n64w4"), nullptr);
+  // Does not fit a 99 KB part.
+  EXPECT_EQ(select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 256}, *arch::find_profile(120), &why,
+                          "sm80_fwd_bf16_hd256_m128n64w8"),
+            nullptr);
+  // A forward name leaves the backward's choice alone; an unknown name is refused, not silently ignored.
+  Problem const bwd128{FLASHCUTE_BACKWARD, FLASHCUTE_BFLOAT16, 128};
+  EXPECT_EQ(select_config(bwd128, h200, &why, "sm80_fwd_bf16_hd128_m128n32w4"),
+            select_config(bwd128, h200, &why));
+  EXPECT_EQ(select_config(fwd128, h200, &why, "no_such_kernel"), nullptr);
+  EXPECT_NE(why.find("names no kernel config"), std::string::npos);
+}

@@ -3,6 +3,7 @@ error rule |ours - ref64| <= 2 * |plain torch attention in the same dtype - ref6
 
 Also run under FLASHCUTE_ARCH=80, 86, 89, 120 (other arch profiles' tiles on this GPU). Skipped without CUDA.
 """
+import contextlib
 import math
 import os
 
@@ -13,6 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashcute  # noqa: E402
+from attn_ref import backward, check, forward  # noqa: E402
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -30,41 +32,26 @@ SEQ_PAIRS = [(1, 1), (17, 113), (113, 17), (128, 128), (1013, 1013), (4096, 1013
 FAST_PAIRS = [(17, 113), (113, 17), (128, 128), (1013, 1013)]
 
 
-def visible_mask(sq, sk, causal, window, device):
-    """DESIGN.md section 1: bottom-right aligned; True where key j is visible to query i."""
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq, device=device)[:, None]
-    j = torch.arange(sk, device=device)[None, :]
-    diag = i + (sk - sq)
-    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    if left is not None and left >= 0:
-        vis &= j >= diag - left
-    if right is not None and right >= 0:
-        vis &= j <= diag + right
-    return vis
+@contextlib.contextmanager
+def forced_arch(arch):
+    old = os.environ.get("FLASHCUTE_ARCH")
+    if arch:
+        os.environ["FLASHCUTE_ARCH"] = str(arch)
+    try:
+        yield
+    finally:
+        if arch:
+            if old is None:
+                os.environ.pop("FLASHCUTE_ARCH")
+            else:
+                os.environ["FLASHCUTE_ARCH"] = old
 
 
-def attention(q, k, v, scale, causal, window, softcap, compute_dtype):
-    """Plain attention; in float64 it is the reference, in fp16/bf16 the baseline whose error bounds ours."""
-    b, sq, h, d = q.shape
-    hkv = k.shape[2]
-    qh = q.to(compute_dtype).transpose(1, 2)
-    kh = k.to(compute_dtype).repeat_interleave(h // hkv, dim=2).transpose(1, 2)
-    vh = v.to(compute_dtype).repeat_interleave(h // hkv, dim=2).transpose(1, 2)
-    s = torch.matmul(qh, kh.transpose(-1, -2)).float() * scale
-    if compute_dtype == torch.float64:
-        s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    vis = visible_mask(sq, k.shape[1], causal, window, q.device)
-    s = s.masked_fill(~vis, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None].masked_fill(torch.isinf(lse)[..., None], 0.0))
-    p = p.masked_fill(~vis, 0.0)
-    out = torch.matmul(p.to(compute_dtype), vh)
-    return out.transpose(1, 2), lse
+def make_inputs(dtype, hd, feature, sq, sk, seed, batch=1, requires_grad=False):
+    h, hkv = FEATURES[feature][:2]
+    torch.manual_seed(seed % (2**31))
+    shapes = ((batch, sq, h, hd), (batch, sk, hkv, hd), (batch, sk, hkv, hd))
+    return [torch.randn(s, device="cuda", dtype=dtype, requires_grad=requires_grad) for s in shapes]
 
 
 def poison_allocator(nbytes):
@@ -73,44 +60,47 @@ def poison_allocator(nbytes):
     torch.empty(nbytes // 4 + 1024, dtype=torch.float32, device="cuda").fill_(float("nan"))
 
 
-def check(ours, ref, base, atol, what):
-    finite = torch.isfinite(ref)
-    assert torch.equal(torch.isfinite(ours), finite), f"{what}: non-finite pattern differs (NaN or wrong -inf)"
-    err = (ours.double() - ref).abs()[finite].max().item() if finite.any() else 0.0
-    berr = (base.double() - ref).abs()[finite].max().item() if finite.any() else 0.0
-    assert err <= 2 * berr + atol, f"{what}: error {err:.3e} > 2 x torch {berr:.3e} + {atol}"
-
-
 def run_case(dtype, hd, feature, sq, sk, arch=None, batch=1):
-    h, hkv, causal, window, softcap = FEATURES[feature]
-    torch.manual_seed(hash((str(dtype), hd, feature, sq, sk, arch)) % (2**31))
-    q = torch.randn(batch, sq, h, hd, device="cuda", dtype=dtype)
-    k = torch.randn(batch, sk, hkv, hd, device="cuda", dtype=dtype)
-    v = torch.randn(batch, sk, hkv, hd, device="cuda", dtype=dtype)
+    _, _, causal, window, softcap = FEATURES[feature]
+    q, k, v = make_inputs(dtype, hd, feature, sq, sk, hash((str(dtype), hd, feature, sq, sk, arch)), batch)
     scale = 1.0 / math.sqrt(hd)
-    old = os.environ.get("FLASHCUTE_ARCH")
-    if arch:
-        os.environ["FLASHCUTE_ARCH"] = str(arch)
-    try:
-        poison_allocator(q.numel() * 2 + batch * h * sq * 4)
+    with forced_arch(arch):
+        poison_allocator(q.numel() * 2 + batch * q.shape[2] * sq * 4)
         out, lse = flashcute.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window,
                                              softcap=softcap)
         torch.cuda.synchronize()
-    finally:
-        if arch:
-            if old is None:
-                os.environ.pop("FLASHCUTE_ARCH")
-            else:
-                os.environ["FLASHCUTE_ARCH"] = old
-    ref_o, ref_lse = attention(q, k, v, scale, causal, window, softcap, torch.float64)
-    base_o, base_lse = attention(q, k, v, scale, causal, window, softcap, dtype)
-    assert not torch.isnan(out).any(), "NaN (or an unwritten element) in out"
-    assert not torch.isnan(lse).any(), "NaN (or an unwritten element) in lse"
+    ref_o, ref_lse = forward(q, k, v, scale, causal, window, softcap, torch.float64)
+    base_o, base_lse = forward(q, k, v, scale, causal, window, softcap, dtype)
     check(out, ref_o, base_o, 1e-5, "out")
     check(lse, ref_lse, base_lse, 1e-5, "lse")
     empty = torch.isinf(ref_lse)
     if empty.any():
         assert (out.transpose(1, 2)[empty] == 0).all(), "rows with no visible key must give out = 0"
+
+
+def run_backward_case(dtype, hd, feature, sq, sk, with_dlse, arch=None, deterministic=False):
+    _, _, causal, window, softcap = FEATURES[feature]
+    q, k, v = make_inputs(dtype, hd, feature, sq, sk, hash((str(dtype), hd, feature, sq, sk, arch, 1)),
+                          requires_grad=True)
+    scale = 1.0 / math.sqrt(hd)
+    with forced_arch(arch):
+        out, lse = flashcute.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window,
+                                             softcap=softcap, deterministic=deterministic)
+        dout = torch.randn_like(out)
+        dlse = torch.randn_like(lse) if with_dlse else None
+        poison_allocator(3 * q.numel() * 2)
+        outs, grads = ([out, lse], [dout, dlse]) if with_dlse else ([out], [dout])
+        dq, dk, dv = torch.autograd.grad(outs, (q, k, v), grads)
+        torch.cuda.synchronize()
+    q64, k64, v64 = (t.detach().double() for t in (q, k, v))
+    o64, lse64 = forward(q64, k64, v64, scale, causal, window, softcap, torch.float64)
+    ref = backward(q64, k64, v64, o64, lse64, dout.double(), None if dlse is None else dlse.double(), scale,
+                   causal, window, softcap, torch.float64)
+    ob, lseb = forward(q.detach(), k.detach(), v.detach(), scale, causal, window, softcap, dtype)
+    base = backward(q.detach(), k.detach(), v.detach(), ob, lseb, dout, dlse, scale, causal, window, softcap, dtype)
+    for name, ours, r, bse in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, base):
+        check(ours, r, bse, 1e-4, name)
+    return dq, dk, dv
 
 
 @pytest.mark.parametrize("sq,sk", SEQ_PAIRS)
@@ -137,8 +127,8 @@ def test_forward_padded_head_dims(hd):
     k = torch.randn(2, 91, hkv, hd, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 91, hkv, hd, device="cuda", dtype=torch.bfloat16)
     out, lse = flashcute.flash_attn_func(q, k, v, causal=True)
-    ref_o, ref_lse = attention(q, k, v, 1 / math.sqrt(hd), True, (None, None), 0.0, torch.float64)
-    base_o, base_lse = attention(q, k, v, 1 / math.sqrt(hd), True, (None, None), 0.0, torch.bfloat16)
+    ref_o, ref_lse = forward(q, k, v, 1 / math.sqrt(hd), True, (None, None), 0.0, torch.float64)
+    base_o, base_lse = forward(q, k, v, 1 / math.sqrt(hd), True, (None, None), 0.0, torch.bfloat16)
     check(out, ref_o, base_o, 1e-5, "out")
     check(lse, ref_lse, base_lse, 1e-5, "lse")
 
@@ -149,7 +139,46 @@ def test_forward_strided_inputs():
     k = torch.randn(2, 3, 201, 64, device="cuda", dtype=torch.float16).transpose(1, 2)
     v = torch.randn(2, 201, 3, 128, device="cuda", dtype=torch.float16)[..., :64]
     out, lse = flashcute.flash_attn_func(q, k, v, causal=True)
-    ref_o, ref_lse = attention(q, k, v, 1 / 8, True, (None, None), 0.0, torch.float64)
-    base_o, base_lse = attention(q, k, v, 1 / 8, True, (None, None), 0.0, torch.float16)
+    ref_o, ref_lse = forward(q, k, v, 1 / 8, True, (None, None), 0.0, torch.float64)
+    base_o, base_lse = forward(q, k, v, 1 / 8, True, (None, None), 0.0, torch.float16)
     check(out, ref_o, base_o, 1e-5, "out")
     check(lse, ref_lse, base_lse, 1e-5, "lse")
+
+
+BWD_PAIRS = [(1, 1), (17, 113), (113, 17), (128, 128), (1013, 1013), (4096, 1013)]
+
+
+@pytest.mark.parametrize("with_dlse", (True, False), ids=["dlse", "no_dlse"])
+@pytest.mark.parametrize("sq,sk", BWD_PAIRS)
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_backward_grid(dtype, hd, feature, sq, sk, with_dlse):
+    run_backward_case(dtype, hd, feature, sq, sk, with_dlse)
+
+
+@pytest.mark.parametrize("sq,sk", [(113, 17), (1013, 1013)])
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+@pytest.mark.parametrize("arch", (80, 86, 89, 120))
+def test_backward_grid_forced_arch(arch, hd, feature, sq, sk):
+    run_backward_case(torch.bfloat16 if arch % 2 else torch.float16, hd, feature, sq, sk, True, arch=arch)
+
+
+@pytest.mark.parametrize("feature", ("causal", "gqa4"))
+def test_backward_deterministic_bits(feature):
+    first = run_backward_case(torch.bfloat16, 128, feature, 1013, 1013, True, deterministic=True)
+    q, k, v = make_inputs(torch.bfloat16, 128, feature, 1013, 1013, 7, requires_grad=True)
+    _, _, causal, window, softcap = FEATURES[feature]
+    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    dlse = torch.randn(q.shape[0], q.shape[2], q.shape[1], device="cuda")
+    runs = []
+    for _ in range(5):
+        out, lse = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                             deterministic=True)
+        g = torch.autograd.grad([out, lse], (q, k, v), [dout, dlse])
+        runs.append([t.clone() for t in g])
+    for later in runs[1:]:
+        for a, b in zip(runs[0], later):
+            assert torch.equal(a, b), "deterministic backward differs between runs"
+    assert first is not None

@@ -1,0 +1,92 @@
+"""Plain PyTorch attention, forward and analytic backward (DESIGN.md sections 1-2), for the GPU grids.
+
+In float64 it is the reference; in fp16/bf16 (matmuls in that dtype, softmax in float32) it is the baseline whose
+error bounds ours: |ours - ref64| <= 2 * |baseline - ref64| + atol.
+"""
+import torch
+
+
+def visible_mask(sq, sk, causal, window, device):
+    """Bottom-right aligned: True where key j is visible to query i."""
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i + (sk - sq)
+    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left is not None and left >= 0:
+        vis &= j >= diag - left
+    if right is not None and right >= 0:
+        vis &= j <= diag + right
+    return vis
+
+
+def _heads(x, h, dtype):
+    """(B, S, Hkv, D) -> (B, H, S, D) with each kv head repeated for its query heads."""
+    return x.to(dtype).repeat_interleave(h // x.shape[2], dim=2).transpose(1, 2)
+
+
+def _scores(q, k, scale, softcap, vis, dtype):
+    h = q.shape[2]
+    s = torch.matmul(_heads(q, h, dtype), _heads(k, h, dtype).transpose(-1, -2))
+    s = s.double() * scale if dtype == torch.float64 else s.float() * scale
+    t = None
+    if softcap > 0:
+        t = torch.tanh(s / softcap)
+        s = softcap * t
+    return s.masked_fill(~vis, float("-inf")), t
+
+
+def _probs(s, lse):
+    """P = exp(s - lse), with rows of lse = -inf giving P = 0 (never (-inf) - (-inf))."""
+    empty = torch.isinf(lse)[..., None]
+    return torch.exp(s - lse[..., None].masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
+
+
+def forward(q, k, v, scale, causal, window, softcap, dtype):
+    """Returns out (B, Sq, H, Dv) and lse (B, H, Sq)."""
+    vis = visible_mask(q.shape[1], k.shape[1], causal, window, q.device)
+    s, _ = _scores(q, k, scale, softcap, vis, dtype)
+    lse = torch.logsumexp(s, dim=-1)
+    p = _probs(s, lse)
+    out = torch.matmul(p.to(dtype), _heads(v, q.shape[2], dtype))
+    return out.transpose(1, 2), lse
+
+
+def backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtype):
+    """dq, dk, dv for loss gradients dout (on out) and dlse (on lse, may be None), from the given out and lse."""
+    b, sq, h, d = q.shape
+    hkv = k.shape[2]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    vis = visible_mask(sq, k.shape[1], causal, window, q.device)
+    s, t = _scores(q, k, scale, softcap, vis, dtype)
+    p = _probs(s, lse.to(acc))
+    do = dout.to(dtype).transpose(1, 2)
+    dv = torch.matmul(p.to(dtype).transpose(-1, -2), do).to(acc)
+    dp = torch.matmul(do, _heads(v, h, dtype).transpose(-1, -2)).to(acc)
+    dsum = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)
+    if dlse is not None:
+        dsum = dsum - dlse.to(acc).masked_fill(torch.isinf(lse), 0.0)
+    ds = p * (dp - dsum[..., None])
+    if t is not None:
+        ds = ds * (1 - t * t)
+    dq = torch.matmul(ds.to(dtype), _heads(k, h, dtype)).to(acc) * scale
+    dk = torch.matmul(ds.to(dtype).transpose(-1, -2), _heads(q, h, dtype)).to(acc) * scale
+
+    def fold(x):  # (B, H, Sk, D) -> (B, Sk, Hkv, D), summing the query heads that share a kv head
+        return x.reshape(b, hkv, h // hkv, x.shape[2], x.shape[3]).sum(2).transpose(1, 2)
+
+    return dq.transpose(1, 2), fold(dk), fold(dv)
+
+
+def check(ours, ref, base, atol, what):
+    """|ours - ref| <= 2 |base - ref| + atol over the finite elements of ref; same -inf pattern; no NaN."""
+    finite = torch.isfinite(ref)
+    assert not torch.isnan(ours).any(), f"{what}: NaN (or an unwritten element)"
+    assert torch.equal(torch.isfinite(ours), finite), f"{what}: non-finite pattern differs"
+    if not finite.any():
+        return
+    err = (ours.double() - ref.double()).abs()[finite].max().item()
+    berr = (base.double() - ref.double()).abs()[finite].max().item()
+    assert err <= 2 * berr + atol, f"{what}: error {err:.3e} > 2 x torch {berr:.3e} + {atol}"
