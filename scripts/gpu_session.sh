@@ -3,6 +3,8 @@
 # tests, then a benchmark; logs under ${OUT:-/tmp/flashcute-out}. Environment knobs:
 #   KERNELS  kernel subset regex (default all)      PYTEST_ARGS  extra pytest arguments (default: all tests)
 #   BENCH    bench/run.py arguments, empty to skip  BUILD_ONLY=1 stop after the build
+#   TUNE     kernel config names to time one by one (forced with FLASHCUTE_CONFIG), e.g. sm80_fwd_bf16_hd128_m128n64w8
+#   PYTEST_TIMEOUT  seconds for the pytest run (default 300)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-/tmp/flashcute-out}"
@@ -16,10 +18,18 @@ cp "$dir/build.log" "$out/build.log" 2>/dev/null
 export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so" PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
 (cd "$dir" && ctest --output-on-failure -j 8 > "$out/ctest.txt" 2>&1; tail -n 4 "$out/ctest.txt")
 cd "$root"
-python3 -m pytest -q --no-header -p no:cacheprovider ${PYTEST_ARGS:-tests/python} > "$out/pytest.txt" 2>&1
+timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q --no-header -p no:cacheprovider --maxfail=40 \
+  ${PYTEST_ARGS:-tests/python} > "$out/pytest.txt" 2>&1
 grep -E "passed|failed|error" "$out/pytest.txt" | tail -n 3
 grep -E "^(FAILED|ERROR)|Error|assert" "$out/pytest.txt" | head -n 20
 if [ -n "${BENCH:-}" ]; then
   python3 bench/run.py ${BENCH} --out "$out/bench" > "$out/bench.txt" 2>&1
   tail -n 60 "$out/bench.txt"
 fi
+for cfg in ${TUNE:-}; do
+  hd="$(echo "$cfg" | sed -E 's/.*_hd([0-9]+)_.*/\1/')"
+  dt="$(echo "$cfg" | sed -E 's/.*_(bf16|fp16)_.*/\1/')"
+  FLASHCUTE_CONFIG="$cfg" python3 bench/run.py --mode fwd --impl flashcute --dtype "$dt" --hdim "$hd" \
+    --seqlen 2k,8k --causal 0,1 --no-plots --no-ceilings --out "$out/tune" 2>&1 |
+    grep -E '^ *[0-9]+ +(no|yes)' | sed "s/^/$cfg /" | tee -a "$out/tune.txt"
+done

@@ -57,6 +57,9 @@ flashcute_status_t check_shapes(flashcute_fwd_params const& p, Target target) {
     if (s.value < 1) return bad(std::string(s.name) + " must be >= 1 (got " + std::to_string(s.value) + ")");
     if (s.value > kMaxInt) return bad(std::string(s.name) + " must fit in int32");
   }
+  // The mask's bounds arithmetic (common/mask.h) stays in int range below this.
+  if (p.seqlen_q + p.seqlen_k >= (int64_t(1) << 30))
+    return bad("seqlen_q + seqlen_k must be below 2^30 (got " + std::to_string(p.seqlen_q + p.seqlen_k) + ")");
   if (p.nheads % p.nheads_kv)
     return bad("nheads (" + std::to_string(p.nheads) + ") must be a multiple of nheads_kv (" +
                std::to_string(p.nheads_kv) + ")");

@@ -8,38 +8,36 @@
 
 namespace flashcute {
 
+// Unbounded sides are stored as Sq + Sk, wider than any distance, so every bound below is branch-free min/max
+// arithmetic (a branch per row in the kernels' masking cost registers and spills). Callers keep Sq + Sk < 2^30,
+// which keeps every sum in int range.
 struct Mask {
   int seqlen_q = 0;
   int seqlen_k = 0;
-  int left = -1;   // < 0: unbounded
-  int right = -1;  // < 0: unbounded
+  int left = 0;
+  int right = 0;
 
-  // Windows wider than both sequences behave as unbounded; clamping here keeps every later sum in int range.
+  FLASHCUTE_HD static int imax(int a, int b) { return a > b ? a : b; }
+  FLASHCUTE_HD static int imin(int a, int b) { return a < b ? a : b; }
+
+  // A negative side, or one at least Sq + Sk wide, is unbounded.
   FLASHCUTE_HD static Mask make(int seqlen_q, int seqlen_k, bool causal, long long left, long long right) {
     Mask m;
     m.seqlen_q = seqlen_q;
     m.seqlen_k = seqlen_k;
     long long const wide = (long long)seqlen_q + (long long)seqlen_k;
     if (causal) right = 0;
-    m.left = (left < 0 || left >= wide) ? -1 : (int)left;
-    m.right = (right < 0 || right >= wide) ? -1 : (int)right;
+    m.left = (int)((left < 0 || left >= wide) ? wide : left);
+    m.right = (int)((right < 0 || right >= wide) ? wide : right);
     return m;
   }
 
-  FLASHCUTE_HD bool is_local() const { return left >= 0 || right >= 0; }
+  FLASHCUTE_HD bool is_local() const { return imin(left, right) < seqlen_q + seqlen_k; }
   FLASHCUTE_HD int diagonal(int i) const { return i + seqlen_k - seqlen_q; }
 
   // Visible keys of query row i are [key_begin(i), key_end(i)); empty when key_begin >= key_end.
-  FLASHCUTE_HD int key_begin(int i) const {
-    if (left < 0) return 0;
-    int const b = diagonal(i) - left;
-    return b > 0 ? b : 0;
-  }
-  FLASHCUTE_HD int key_end(int i) const {
-    if (right < 0) return seqlen_k;
-    int const e = diagonal(i) + right + 1;
-    return e < seqlen_k ? (e > 0 ? e : 0) : seqlen_k;
-  }
+  FLASHCUTE_HD int key_begin(int i) const { return imax(diagonal(i) - left, 0); }
+  FLASHCUTE_HD int key_end(int i) const { return imin(imax(diagonal(i) + right + 1, 0), seqlen_k); }
   FLASHCUTE_HD bool visible(int i, int j) const { return j >= key_begin(i) && j < key_end(i); }
 
   // Key range that any query in rows [m0, m1) may see (rows clipped to the sequence by the caller).
@@ -47,16 +45,8 @@ struct Mask {
   FLASHCUTE_HD int block_key_end(int m1) const { return key_end(m1 - 1); }
 
   // Query range [query_begin(n0), query_end(n1)) that may see any key in [n0, n1): the backward's trip count.
-  FLASHCUTE_HD int query_begin(int n0) const {
-    if (right < 0) return 0;
-    int const b = n0 - right - (seqlen_k - seqlen_q);
-    return b > 0 ? b : 0;
-  }
-  FLASHCUTE_HD int query_end(int n1) const {
-    if (left < 0) return seqlen_q;
-    int const e = n1 + left - (seqlen_k - seqlen_q);
-    return e < seqlen_q ? (e > 0 ? e : 0) : seqlen_q;
-  }
+  FLASHCUTE_HD int query_begin(int n0) const { return imax(n0 - right - (seqlen_k - seqlen_q), 0); }
+  FLASHCUTE_HD int query_end(int n1) const { return imin(imax(n1 + left - (seqlen_k - seqlen_q), 0), seqlen_q); }
 
   // True when every (i, j) of the tile rows [m0, m1) x keys [n0, n1) is visible, so no per-element test is needed.
   FLASHCUTE_HD bool tile_fully_visible(int m0, int m1, int n0, int n1) const {

@@ -49,7 +49,7 @@ def selected(cfgs, subset):
     if subset == "none":
         return []
     if subset == "ci":
-        return [c for c in cfgs if c["head_dim"] in K.CI_HEAD_DIMS]
+        return [c for c in cfgs if (c["dtype"], c["head_dim"]) in K.CI_CASES and c["prio"] > 0]
     pattern = re.compile(subset)
     return [c for c in cfgs if pattern.search(c["name"])]
 

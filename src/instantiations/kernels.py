@@ -24,12 +24,17 @@ FWD_SM80 = [
     ("sm80", "fwd", 192, 64, 64, 4, 1, 1, "72 KB for 99 KB parts"),
     ("sm80", "fwd", 256, 128, 64, 8, 1, 2, "128 KB, 8 warps: 163/227 KB parts only"),
     ("sm80", "fwd", 256, 64, 64, 4, 1, 1, "96 KB: fits 99 KB parts"),
+    # Tuning candidates (priority 0: built, chosen only through FLASHCUTE_CONFIG) until measured.
+    ("sm80", "fwd", 64, 128, 128, 8, 2, 0, "candidate"),
+    ("sm80", "fwd", 128, 128, 64, 8, 2, 0, "candidate"),
+    ("sm80", "fwd", 128, 128, 128, 8, 2, 0, "candidate: 96 KB"),
+    ("sm80", "fwd", 128, 64, 64, 4, 2, 0, "candidate: 48 KB"),
 ]
 
 # Backward, portable mma.sync path (FA2's design: one CTA per key tile, dQ added into a float32 workspace).
-# Shared memory: Q, dO (block_m x D), K, V (block_n x D), P, dS (block_m x block_n), plus a second Q stage when
-# that keeps the tile inside the profile class it was sized for (99 / 163 / 227 KB). Mirrors
-# bwd_double_buffer_q() and SharedStorage in src/sm80/bwd_traits.cuh, which static_asserts the result.
+# Shared memory: Q with its rows' lse_log2 and D, dO (block_m x D), K, V (block_n x D), P, dS (block_m x block_n),
+# plus a second Q stage when that keeps the tile inside the profile class it was sized for (99 / 163 / 227 KB).
+# Mirrors bwd_double_buffer_q() and SharedStorage in src/sm80/bwd_traits.cuh, which static_asserts the result.
 _SMEM_CLASSES = (101376, 166912, 232448)
 
 
@@ -38,31 +43,29 @@ def _bwd_smem_class(nbytes):
 
 
 def bwd_smem_bytes(head_dim, block_m, block_n, warps):
-    single = 2 * (2 * block_m * head_dim + 2 * block_n * head_dim + 2 * block_m * block_n)
-    second_q = 2 * block_m * head_dim
-    double = _bwd_smem_class(single + second_q) == _bwd_smem_class(single)
-    return single + (second_q if double else 0)
+    q_stage = 2 * block_m * head_dim + 8 * block_m  # Q plus its rows' lse_log2 and D (float32)
+    single = q_stage + 2 * (block_m * head_dim + 2 * block_n * head_dim + 2 * block_m * block_n)
+    double = _bwd_smem_class(single + q_stage) == _bwd_smem_class(single)
+    return single + (q_stage if double else 0)
 
 
 # Two tile sets: 163/227 KB parts (priority 2) and 99 KB parts (priority 1). block_n sets how often Q/dO are
 # re-read and how many dQ additions each query row receives, so it stays as large as the part allows.
 BWD_SM80 = [
-    ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "144 KB, Q double-buffered: FA2's tile for 144+ KB parts"),
-    ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "88 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 96, 64, 128, 8, 1, 2, "116 KB, Q double-buffered"),
-    ("sm80", "bwd", 96, 64, 64, 8, 1, 1, "76 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 128, 64, 128, 8, 1, 2, "144 KB, Q double-buffered: FA2's A100 tile"),
-    ("sm80", "bwd", 128, 64, 64, 8, 1, 1, "96 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "136 KB, Q double-buffered"),
-    ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144 KB, single Q stage (176 KB with two)"),
-    ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84 KB, Q double-buffered: 99 KB parts (64x32 needs 104 KB)"),
+    ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "146 KB, Q double-buffered: FA2's tile for 144+ KB parts"),
+    ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "89 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 96, 64, 128, 8, 1, 2, "117 KB, Q double-buffered"),
+    ("sm80", "bwd", 96, 64, 64, 8, 1, 1, "77 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 128, 64, 128, 8, 1, 2, "145 KB, Q double-buffered: FA2's A100 tile"),
+    ("sm80", "bwd", 128, 64, 64, 8, 1, 1, "97 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "137 KB, Q double-buffered"),
+    ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92.5 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144.5 KB, single Q stage (177 KB with two)"),
+    ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84.5 KB, Q double-buffered: 99 KB parts (64x32 needs 104 KB)"),
 ]
-
-# Hopper probe: one wgmma + one TMA load, so the sm_90a compile is real until the Hopper kernels land.
-PROBES = [("sm90", "probe", 64, 64, 64, 4, 1, 0, "wgmma + TMA probe")]
 
 KERNELS = FWD_SM80 + BWD_SM80
 
-# The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay.
-CI_HEAD_DIMS = (64, 128)
+# The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
+# (both dtypes' code paths, both tile sets, tuning candidates left out).
+CI_CASES = (("fp16", 64), ("bf16", 128))

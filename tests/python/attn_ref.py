@@ -77,7 +77,8 @@ def backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtyp
     def fold(x):  # (B, H, Sk, D) -> (B, Sk, Hkv, D), summing the query heads that share a kv head
         return x.reshape(b, hkv, h // hkv, x.shape[2], x.shape[3]).sum(2).transpose(1, 2)
 
-    return dq.transpose(1, 2), fold(dk), fold(dv)
+    # Gradients come back in the input dtype, as from any PyTorch attention backward.
+    return tuple(g.to(q.dtype) for g in (dq.transpose(1, 2), fold(dk), fold(dv)))
 
 
 def check(ours, ref, base, atol, what):
