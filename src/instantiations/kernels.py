@@ -15,20 +15,18 @@ DTYPES = ("fp16", "bf16")
 # 227 KB) and one for the 99 KB parts (sm_86/89/120/121), where DESIGN.md section 4 asks for two CTAs per SM
 # when the tile allows it.
 FWD_SM80 = [
-    ("sm80", "fwd", 64, 128, 128, 4, 2, 2, "48 KB: Q 16 KB + K,V 2x16 KB; two CTAs even on 99 KB parts"),
-    ("sm80", "fwd", 64, 128, 64, 4, 2, 1, "32 KB fallback"),
+    # hd64: 128x64 (no spill) measured 237-251 TFLOP/s on the H200 against 195-200 for 128x128 (68 B of spills) and
+    # 195-202 for 128x128 with 8 warps (bench/RESULTS.md, commit 50bd8b2); 32 KB fits every profile twice over.
+    ("sm80", "fwd", 64, 128, 64, 4, 2, 2, "32 KB, no spill, fastest measured on the H200"),
     ("sm80", "fwd", 96, 128, 64, 4, 2, 1, "48 KB, two CTAs on every profile"),
-    ("sm80", "fwd", 128, 128, 64, 4, 2, 2, "64 KB: FA2's A100/H100 tile, two CTAs on 163/227 KB parts"),
+    # hd128: 128x64 measured best (287-296) against 128x32 (275-295), 64x64 (270-278), 128x64 with 8 warps
+    # (242-251) and 128x128 with 8 warps (252-259), despite 132 B of ptxas spills.
+    ("sm80", "fwd", 128, 128, 64, 4, 2, 2, "64 KB: two CTAs on 163/227 KB parts"),
     ("sm80", "fwd", 128, 128, 32, 4, 2, 1, "48 KB: two CTAs on 99 KB parts"),
     ("sm80", "fwd", 192, 128, 64, 8, 1, 2, "96 KB, 8 warps"),
     ("sm80", "fwd", 192, 64, 64, 4, 1, 1, "72 KB for 99 KB parts"),
     ("sm80", "fwd", 256, 128, 64, 8, 1, 2, "128 KB, 8 warps: 163/227 KB parts only"),
     ("sm80", "fwd", 256, 64, 64, 4, 1, 1, "96 KB: fits 99 KB parts"),
-    # Tuning candidates (priority 0: built, chosen only through FLASHCUTE_CONFIG) until measured.
-    ("sm80", "fwd", 64, 128, 128, 8, 2, 0, "candidate"),
-    ("sm80", "fwd", 128, 128, 64, 8, 2, 0, "candidate"),
-    ("sm80", "fwd", 128, 128, 128, 8, 2, 0, "candidate: 96 KB"),
-    ("sm80", "fwd", 128, 64, 64, 4, 2, 0, "candidate: 48 KB"),
 ]
 
 # Backward, portable mma.sync path (FA2's design: one CTA per key tile, dQ added into a float32 workspace).
