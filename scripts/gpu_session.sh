@@ -5,6 +5,7 @@
 #   BENCH    bench/run.py arguments, empty to skip  BUILD_ONLY=1 stop after the build
 #   TUNE     kernel config names to time one by one (forced with FLASHCUTE_CONFIG), e.g. sm80_fwd_bf16_hd128_m128n64w8
 #   PYTEST_TIMEOUT  seconds for the pytest run (default 300)
+#   SANITIZE=1  also run compute-sanitizer memcheck and racecheck on tests/cpp/test_gpu_kernels
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT:-/tmp/flashcute-out}"
@@ -17,6 +18,13 @@ cp "$dir/build.log" "$out/build.log" 2>/dev/null
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so" PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
 (cd "$dir" && ctest --output-on-failure -j 8 > "$out/ctest.txt" 2>&1; tail -n 4 "$out/ctest.txt")
+if [ "${SANITIZE:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 "$dir/tests/cpp/test_gpu_kernels" \
+      > "$out/sanitizer-$tool.txt" 2>&1
+    echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.txt" | tail -n1))"
+  done
+fi
 cd "$root"
 timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q --no-header -p no:cacheprovider --maxfail=40 \
   ${PYTEST_ARGS:-tests/python} > "$out/pytest.txt" 2>&1
