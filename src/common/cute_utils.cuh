@@ -103,9 +103,17 @@ CUTE_DEVICE void copy_tile_bounded(TiledCopy const& copy, S const& src, D& dst, 
   }
 }
 
-// tanh through one ex2.approx and a fast division: about 1e-7 absolute error. tanh.approx.f32 (about 5e-4
-// relative) made the softcap backward's dq error exceed 2x plain PyTorch's in fp16 (measured on the H200).
-CUTE_DEVICE float fast_tanh(float x) {
+// Two tanh's for the softcap. The forward uses tanh.approx.f32 (one MUFU, ~5e-4 relative): the exp2-based one
+// below made the forward 12-15% slower at hd64/hd128 even with softcap off (register allocation of the unused
+// branch; A/B measured twice on the H200, bench/RESULTS.md). The backward uses the exp2-based one (~1e-7): with
+// tanh.approx there the fp16 softcap dq error exceeded 2x plain PyTorch's.
+CUTE_DEVICE float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+CUTE_DEVICE float tanh_accurate(float x) {
   float const e = exp2f(x * 2.8853900817779268f);  // exp(2x)
   return 1.f - __fdividef(2.f, e + 1.f);
 }

@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          float const t = fast_tanh(s(r, c) * p.softcap_prescale);
+          float const t = tanh_accurate(s(r, c) * p.softcap_prescale);
           s(r, c) = t;
           ds(r, c) = (ds(r, c) - dsum[get<0>(s_off(r, 0))]) * (1.f - t * t);
         }
