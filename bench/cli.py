@@ -46,6 +46,7 @@ class Config:
     plots: bool = True
     ceilings: bool = True
     dry_run: bool = False
+    from_json: str = ""
     target_s: float = 0.3
     warmup: int = 5
     min_reps: int = 10
@@ -128,6 +129,8 @@ def build_parser():
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     o.add_argument("--no-ceilings", action="store_true", help="skip the matmul and copy ceilings")
     o.add_argument("--dry-run", action="store_true", help="print the grid and exit (no GPU needed)")
+    o.add_argument("--from-json", default="", metavar="PATH",
+                   help="re-render the table, plots and --readme page from a saved results.json (no GPU needed)")
     t = p.add_argument_group("timing and checking")
     t.add_argument("--target-s", type=float, help="seconds of timed reps per measurement (default 0.3, quick 0.2)")
     t.add_argument("--warmup", type=int, default=5, help="warm-up calls per measurement")
@@ -161,7 +164,7 @@ def parse_args(argv=None):
         parser.error(str(e))
     return Config(dtypes=dtypes, hdims=hdims, seqlens=seqlens, causals=causals, modes=modes, impls=impls,
                   archs=archs, tokens=a.tokens, width=a.width, quick=a.quick, out=a.out, readme=a.readme,
-                  plots=not a.no_plots, ceilings=not a.no_ceilings, dry_run=a.dry_run,
+                  plots=not a.no_plots, ceilings=not a.no_ceilings, dry_run=a.dry_run, from_json=a.from_json,
                   target_s=a.target_s if a.target_s is not None else (0.2 if a.quick else 0.3),
                   warmup=a.warmup, min_reps=a.min_reps, max_reps=a.max_reps,
                   tol_out=a.tol_out, tol_grad=a.tol_grad)

@@ -58,6 +58,11 @@ def main(argv=None):
     if cfg.dry_run:
         print_grid(cfg, cases, _impl_labels(cfg))
         return 0
+    if cfg.from_json:
+        meta, ceilings, records = report.read_json(cfg.from_json)
+        print(report.text_report(records, ceilings))
+        write_outputs(cfg, records, meta, ceilings)
+        return 0
     import torch
     if not torch.cuda.is_available():
         print("no CUDA GPU found; `--dry-run` shows the grid without one", file=sys.stderr)
