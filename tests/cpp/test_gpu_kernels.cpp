@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ struct Case {
   long long left, right;
   float softcap;
 };
+
+void PrintTo(Case const& c, std::ostream* os) {
+  *os << "b" << c.b << " sq" << c.sq << " sk" << c.sk << " h" << c.h << "/" << c.hkv << " d" << c.d;
+}
 
 struct DeviceBuffer {
   void* ptr = nullptr;
@@ -169,4 +174,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 113, 17, 4, 1, 128, true, -1, -1, 0.f},   // MQA, causal Sq > Sk: empty rows
                       Case{1, 130, 130, 4, 2, 96, false, 20, 5, 0.f},   // GQA, sliding window
                       Case{1, 65, 70, 2, 2, 256, false, -1, -1, 10.f},  // softcap, odd sizes
-                      Case{1, 1, 1, 2, 2, 192, false, -1, -1, 0.f}));   // seqlen 1
+                      Case{1, 1, 1, 2, 2, 192, false, -1, -1, 0.f}),    // seqlen 1
+    [](::testing::TestParamInfo<Case> const& info) {
+      Case const& c = info.param;
+      return "sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" + std::to_string(c.h) + "_kv" +
+             std::to_string(c.hkv) + "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
+             (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "");
+    });
