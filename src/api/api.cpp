@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "api/device.h"
@@ -58,22 +59,40 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   return k;
 }
 
-// Validation, device pointers, profile and config: everything both directions do before launching.
-flashcute_status_t prepare(flashcute_direction_t dir, flashcute_fwd_params const& p, KernelConfig const** cfg,
-                           int* device_sm) {
-  struct {
-    void const* ptr;
-    char const* name;
-  } const ptrs[] = {{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"}};
+struct NamedPointer {
+  void const* ptr;
+  char const* name;
+};
+
+// Every non-null pointer must be device memory of the current device.
+flashcute_status_t check_device_pointers(std::initializer_list<NamedPointer> ptrs) {
   for (auto const& x : ptrs)
     if (x.ptr)
       if (auto s = check_device_pointer(x.ptr, x.name)) return s;
+  return FLASHCUTE_SUCCESS;
+}
+
+// The profile in force on the current device and the config dispatch picks under it.
+flashcute_status_t choose_config(flashcute_direction_t dir, flashcute_fwd_params const& p, KernelConfig const** cfg,
+                                 int* device_sm) {
   arch::Profile const* profile = nullptr;
   if (auto s = current_profile(&profile, device_sm)) return s;
   std::string why;
   *cfg = select_config(problem_of(dir, p), *profile, &why, std::getenv("FLASHCUTE_CONFIG"));
   if (!*cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
   return FLASHCUTE_SUCCESS;
+}
+
+flashcute_status_t not_built(KernelConfig const& cfg) {
+  return fail(FLASHCUTE_ERROR_NOT_BUILT, std::string("kernel ") + cfg.name +
+                                             " was not compiled into this build (FLASHCUTE_KERNELS=" +
+                                             kernel_subset() + "): rebuild with -DFLASHCUTE_KERNELS=all");
+}
+
+BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig const& cfg) {
+  auto const& p = params.fwd;
+  return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_m,
+                            params.deterministic != 0);
 }
 
 }  // namespace
@@ -114,54 +133,38 @@ flashcute_status_t flashcute_bwd_workspace_size(flashcute_bwd_params const* para
   if (!bytes) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "bytes is NULL");
   *bytes = 0;
   if (auto s = validate_bwd(params, Target::kDevice)) return s;
-  arch::Profile const* profile = nullptr;
+  KernelConfig const* cfg = nullptr;
   int device_sm = 0;
-  if (auto s = current_profile(&profile, &device_sm)) return s;
-  std::string why;
-  auto const& p = params->fwd;
-  KernelConfig const* cfg =
-      select_config(problem_of(FLASHCUTE_BACKWARD, p), *profile, &why, std::getenv("FLASHCUTE_CONFIG"));
-  if (!cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
-  *bytes = BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg->head_dim, cfg->block_m,
-                              params->deterministic != 0)
-               .total;
+  if (auto s = choose_config(FLASHCUTE_BACKWARD, params->fwd, &cfg, &device_sm)) return s;
+  *bytes = bwd_workspace(*params, *cfg).total;
   return FLASHCUTE_SUCCESS;
 }
 
 flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* stream) {
   if (auto s = validate_fwd(params, Target::kDevice)) return s;
+  auto const& p = *params;
+  if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"}})) return s;
   KernelConfig const* cfg = nullptr;
   int device_sm = 0;
-  if (auto s = prepare(FLASHCUTE_FORWARD, *params, &cfg, &device_sm)) return s;
+  if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm)) return s;
   FwdLaunchFn launch = find_fwd_launcher(cfg->name);
-  if (!launch)
-    return fail(FLASHCUTE_ERROR_NOT_BUILT, std::string("kernel ") + cfg->name +
-                                               " was not compiled into this build (FLASHCUTE_KERNELS=" +
-                                               kernel_subset() + "): rebuild with -DFLASHCUTE_KERNELS=all");
-  return launch_status(launch(kernel_params(*params), stream), cfg->name, device_sm);
+  if (!launch) return not_built(*cfg);
+  return launch_status(launch(kernel_params(p), stream), cfg->name, device_sm);
 }
 
 flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* stream) {
   if (auto s = validate_bwd(params, Target::kDevice)) return s;
-  struct {
-    void const* ptr;
-    char const* name;
-  } const ptrs[] = {{params->dout, "dout"}, {params->dlse, "dlse"}, {params->dq, "dq"},
-                    {params->dk, "dk"},     {params->dv, "dv"}};
-  for (auto const& x : ptrs)
-    if (x.ptr)
-      if (auto s = check_device_pointer(x.ptr, x.name)) return s;
+  auto const& p = params->fwd;
+  if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
+                                      {params->dout, "dout"}, {params->dlse, "dlse"}, {params->dq, "dq"},
+                                      {params->dk, "dk"}, {params->dv, "dv"}}))
+    return s;
   KernelConfig const* cfg = nullptr;
   int device_sm = 0;
-  auto const& p = params->fwd;
-  if (auto s = prepare(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
+  if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
   BwdLaunchFn launch = find_bwd_launcher(cfg->name);
-  if (!launch)
-    return fail(FLASHCUTE_ERROR_NOT_BUILT, std::string("kernel ") + cfg->name +
-                                               " was not compiled into this build (FLASHCUTE_KERNELS=" +
-                                               kernel_subset() + "): rebuild with -DFLASHCUTE_KERNELS=all");
-  BwdWorkspace const ws = BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg->head_dim,
-                                             cfg->block_m, params->deterministic != 0);
+  if (!launch) return not_built(*cfg);
+  BwdWorkspace const ws = bwd_workspace(*params, *cfg);
   if (ws.total && (!params->workspace || params->workspace_size < ws.total))
     return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be at least " + std::to_string(ws.total) +
                                                " bytes (see flashcute_bwd_workspace_size), got " +
