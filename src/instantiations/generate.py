@@ -107,8 +107,7 @@ def main():
     text = ("// Generated from src/instantiations/kernels.py. Do not edit.\n" + decl +
             "#define FLASHCUTE_FWD_LAUNCHERS \\\n" + " \\\n".join(fwd + ["    {nullptr, nullptr}"]) + "\n" +
             "#define FLASHCUTE_BWD_LAUNCHERS \\\n" + " \\\n".join(bwd + ["    {nullptr, nullptr}"]) + "\n" +
-            f'#define FLASHCUTE_KERNEL_SUBSET "{args.subset}"\n' +
-            f"#define FLASHCUTE_BUILT_KERNELS {len(built)}\n")
+            f'#define FLASHCUTE_KERNEL_SUBSET "{args.subset}"\n')
     write_if_changed(os.path.join(args.out, "launchers.inc"), text)
 
     sm80_sources = []
