@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <random>
@@ -26,6 +27,7 @@ struct Case {
   bool causal;
   long long left, right;
   float softcap;
+  bool varlen = false;  // b sequences of decreasing lengths (max sq, sk), packed, with seqused_k
 };
 
 void PrintTo(Case const& c, std::ostream* os) {
@@ -82,8 +84,15 @@ void run(Case const& c) {
     for (auto& x : v) x = nd(rng);
     return v;
   };
-  size_t const nq = (size_t)c.b * c.sq * c.h * c.d, nk = (size_t)c.b * c.sk * c.hkv * c.d;
-  size_t const nl = (size_t)c.b * c.h * c.sq;
+  // Varlen: sequence i has max(1, sq - 37 i) queries and max(1, sk - 23 i) keys, of which seqused_k uses all but
+  // 3 i; the fixed-length batch is the same packing with equal lengths.
+  std::vector<int32_t> cu_q{0}, cu_k{0}, used_k;
+  for (int i = 0; i < c.b; ++i) {
+    int const lq = c.varlen ? std::max(1, c.sq - 37 * i) : c.sq, lk = c.varlen ? std::max(1, c.sk - 23 * i) : c.sk;
+    cu_q.push_back(cu_q.back() + lq), cu_k.push_back(cu_k.back() + lk), used_k.push_back(std::max(1, lk - 3 * i));
+  }
+  size_t const nq = (size_t)cu_q.back() * c.h * c.d, nk = (size_t)cu_k.back() * c.hkv * c.d;
+  size_t const nl = (size_t)cu_q.back() * c.h;
   std::vector<double> q = randv(nq), k = randv(nk), v = randv(nk), dout = randv(nq), dlse = randv(nl);
   auto qh = to_bf16(q), kh = to_bf16(k), vh = to_bf16(v), douth = to_bf16(dout);
   std::vector<float> dlsef(dlse.begin(), dlse.end());
@@ -95,18 +104,26 @@ void run(Case const& c) {
   p.softmax_scale = 1.f / std::sqrt((float)c.d);
   p.softcap = c.softcap, p.causal = c.causal, p.window_left = c.left, p.window_right = c.right;
   flashcute_fwd_params_set_contiguous_strides(&p);
+  if (c.varlen) p.lse_head_stride = cu_q.back();  // lse is (H, total_q)
 
   // Reference on the rounded inputs.
   std::vector<double> out_ref(nq), lse_ref(nl), dq_ref(nq), dk_ref(nk), dv_ref(nk);
   flashcute_fwd_params r = p;
   r.dtype = FLASHCUTE_FLOAT64, r.q = q.data(), r.k = k.data(), r.v = v.data(), r.out = out_ref.data();
   r.lse = lse_ref.data();
+  if (c.varlen) r.cu_seqlens_q = cu_q.data(), r.cu_seqlens_k = cu_k.data(), r.seqused_k = used_k.data();
   ASSERT_EQ(flashcute_reference_fwd(&r), FLASHCUTE_SUCCESS) << flashcute_last_error();
 
   DeviceBuffer dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), dout_(nq * 2), out(nq * 2), lse(nl * 4), dlse_(nl * 4);
   DeviceBuffer qd(nq * 2), kd(nk * 2), vd(nk * 2);
   upload(qd, qh), upload(kd, kh), upload(vd, vh), upload(dout_, douth), upload(dlse_, dlsef);
   p.dtype = FLASHCUTE_BFLOAT16, p.q = qd.ptr, p.k = kd.ptr, p.v = vd.ptr, p.out = out.ptr, p.lse = lse.ptr;
+  DeviceBuffer cu_qd(cu_q.size() * 4, 0), cu_kd(cu_k.size() * 4, 0), used_kd(used_k.size() * 4, 0);
+  if (c.varlen) {
+    upload(cu_qd, cu_q), upload(cu_kd, cu_k), upload(used_kd, used_k);
+    p.cu_seqlens_q = static_cast<int32_t const*>(cu_qd.ptr), p.cu_seqlens_k = static_cast<int32_t const*>(cu_kd.ptr);
+    p.seqused_k = static_cast<int32_t const*>(used_kd.ptr);
+  }
   flashcute_status_t const st = flashcute_fwd(&p, nullptr);
   if (st == FLASHCUTE_ERROR_NOT_BUILT) GTEST_SKIP() << flashcute_last_error();
   ASSERT_EQ(st, FLASHCUTE_SUCCESS) << flashcute_last_error();
@@ -174,10 +191,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 113, 17, 4, 1, 128, true, -1, -1, 0.f},   // MQA, causal Sq > Sk: empty rows
                       Case{1, 130, 130, 4, 2, 96, false, 20, 5, 0.f},   // GQA, sliding window
                       Case{1, 65, 70, 2, 2, 256, false, -1, -1, 10.f},  // softcap, odd sizes
-                      Case{1, 1, 1, 2, 2, 192, false, -1, -1, 0.f}),    // seqlen 1
+                      Case{1, 1, 1, 2, 2, 192, false, -1, -1, 0.f},     // seqlen 1
+                      Case{3, 150, 97, 4, 2, 64, true, -1, -1, 0.f, true},     // varlen + seqused_k, GQA, causal
+                      Case{4, 120, 200, 2, 2, 128, false, 30, -1, 0.f, true}), // varlen + seqused_k, window
     [](::testing::TestParamInfo<Case> const& info) {
       Case const& c = info.param;
       return "sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" + std::to_string(c.h) + "_kv" +
              std::to_string(c.hkv) + "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
-             (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "");
+             (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "") +
+             (c.varlen ? "_varlen" : "");
     });
