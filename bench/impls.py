@@ -30,10 +30,12 @@ class Flashcute:
     """flashcute.flash_attn_func; with an arch, FLASHCUTE_ARCH is set while it runs (the library reads it per
     call) and the label says which, e.g. 'flashcute[sm120]'."""
 
-    def __init__(self, arch=None):
+    def __init__(self, arch=None, deterministic=False):
         self.arch = arch
+        self.deterministic = deterministic
         shown = arch if arch is not None else os.environ.get(ARCH_ENV)
-        self.label = f"flashcute[sm{shown}]" if shown else "flashcute"
+        name = "flashcute-det" if deterministic else "flashcute"
+        self.label = f"{name}[sm{shown}]" if shown else name
         self.backend = self.label
         self._fn = None
 
@@ -56,7 +58,7 @@ class Flashcute:
         if self._fn is None:
             import flashcute
             self._fn = flashcute.flash_attn_func
-        out, _lse = self._fn(q, k, v, causal=causal)
+        out, _lse = self._fn(q, k, v, causal=causal, deterministic=self.deterministic)
         return out
 
 
@@ -64,8 +66,8 @@ def build(impl_names, archs=(None,)):
     """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch."""
     out = []
     for name in impl_names:
-        if name == "flashcute":
-            out += [Flashcute(a) for a in archs]
+        if name in ("flashcute", "flashcute-det"):
+            out += [Flashcute(a, deterministic=name == "flashcute-det") for a in archs]
         else:
             out.append(Sdpa(name))
     return out

@@ -140,6 +140,16 @@ def test_impl_labels_follow_arch(monkeypatch):
     assert build(["flashcute"], [None])[0].label == "flashcute[sm90]"
 
 
+def test_deterministic_impl_is_opt_in(monkeypatch):
+    from bench.impls import build
+    monkeypatch.delenv("FLASHCUTE_ARCH", raising=False)
+    assert "flashcute-det" not in cli.parse_args([]).impls
+    cfg = cli.parse_args(["--impl", "flash,flashcute,flashcute-det"])
+    impls = build(cfg.impls, [None])
+    assert [i.label for i in impls] == ["sdpa-flash", "flashcute", "flashcute-det"]
+    assert [getattr(i, "deterministic", None) for i in impls] == [None, False, True]
+
+
 def test_arch_context_sets_and_restores_env(monkeypatch):
     from bench.impls import Flashcute
     monkeypatch.setenv("FLASHCUTE_ARCH", "90")
