@@ -1,5 +1,7 @@
 #include "arch/dispatch.h"
 
+#include <cstring>
+
 namespace flashcute {
 
 bool config_fits(KernelConfig const& cfg, arch::Profile const& p) {
@@ -15,20 +17,19 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
   int count = 0;
   KernelConfig const* table = all_configs(&count);
   if (forced && *forced) {
-    for (int i = 0; i < count; ++i) {
-      KernelConfig const& c = table[i];
-      if (std::string(c.name) != forced) continue;
-      if (c.direction != problem.direction) break;  // a forward config says nothing about the backward
-      if (c.dtype == problem.dtype && c.head_dim >= problem.head_dim && config_fits(c, p)) return &c;
+    KernelConfig const* named = nullptr;
+    for (int i = 0; i < count && !named; ++i)
+      if (std::strcmp(table[i].name, forced) == 0) named = &table[i];
+    if (!named) {
+      if (why) *why = std::string("unsupported: FLASHCUTE_CONFIG=") + forced + " names no kernel config";
+      return nullptr;
+    }
+    if (named->direction == problem.direction) {  // a forward config says nothing about the backward
+      if (named->dtype == problem.dtype && named->head_dim >= problem.head_dim && config_fits(*named, p))
+        return named;
       if (why)
         *why = std::string("unsupported: FLASHCUTE_CONFIG=") + forced + " does not serve this dtype/head_dim or fit " +
                p.name;
-      return nullptr;
-    }
-    bool known = false;
-    for (int i = 0; i < count; ++i) known |= std::string(table[i].name) == forced;
-    if (!known) {
-      if (why) *why = std::string("unsupported: FLASHCUTE_CONFIG=") + forced + " names no kernel config";
       return nullptr;
     }
   }
