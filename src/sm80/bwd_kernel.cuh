@@ -99,6 +99,30 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   }
   // One flat walk over (head, query tile) pairs, so the Q/dO prefetch crosses head boundaries like tile ones.
   int const num_iters = num_m * num_heads;
+  // Query tiles [m_plain_lo, m_plain_hi) see every key of this tile. Without softcap they take the plain step (no
+  // mask, no softcap code) in a loop of their own after the general ones, as in the forward (see fwd_kernel.cuh
+  // for the measurements behind two loops in sequence). The order of query tiles changes no bits: dQ's
+  // deterministic order is per query tile, over key tiles.
+  int m_plain_lo = m_begin, m_plain_hi = m_begin;
+  if (num_m > 0 && p.softcap_prescale == 0.f) {
+    mask.full_query_tiles(n0, n0 + kBlockN, kBlockM, m_plain_lo, m_plain_hi);
+    m_plain_lo = max(m_plain_lo, m_begin);
+    m_plain_hi = min(m_plain_hi, m_begin + num_m);
+    if (m_plain_hi < m_plain_lo) m_plain_lo = m_plain_hi = m_begin;
+  }
+  int const num_m_plain = m_plain_hi - m_plain_lo;
+  int const num_m_general = num_m - num_m_plain;
+  int const num_general = num_m_general * num_heads;
+  // Flat iteration -> (head, query tile): the general tiles of every head (those below the plain range, then
+  // those above it), then the plain ones.
+  auto tile_of = [&](int it, int& h, int& m) {
+    bool const general = it < num_general;
+    int const per_head = general ? num_m_general : num_m_plain;
+    int const j = general ? it : it - num_general;
+    int const k = j % per_head;
+    h = h_first + j / per_head;
+    m = !general ? m_plain_lo + k : k < m_plain_lo - m_begin ? m_begin + k : m_plain_hi + (k - (m_plain_lo - m_begin));
+  };
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
@@ -141,8 +165,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   // Q or dO rows of flat iteration `it` into a (kBlockM, D) smem tile, zero-filled past the sequence and head dim.
   auto load_q_rows = [&](Element* dst, Element const* base, int64_t head_stride, int64_t row_stride, int cols,
                          int it) {
-    int const h = h_first + it / num_m;
-    int const m = m_begin + it % num_m;
+    int h, m;
+    tile_of(it, h, m);
     Tensor mX = make_tensor(make_gmem_ptr(base + h * head_stride), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                             make_stride(row_stride, _1{}));  // (Sq, D)
     Tensor tXgX = load_thr.partition_S(local_tile(mX, tile_q, make_coord(m, 0)));
@@ -155,8 +179,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
     load_q_rows(smem.q + stage * T::kQElems, q_base, p.q_head_stride, p.q_row_stride, p.head_dim, it);
     constexpr int kVecs = kBlockM / 4;
     if (tid < 2 * kVecs) {
-      int64_t const row0 = ((int64_t)b * p.nheads + h_first + it / num_m) * p.seqlen_q_rounded +
-                           (m_begin + it % num_m) * kBlockM + (tid % kVecs) * 4;
+      int h, m;
+      tile_of(it, h, m);
+      int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM + (tid % kVecs) * 4;
       float const* src = (tid < kVecs ? p.lse_log2 : p.dsoftmax_sum) + row0;
       float* dst = smem.rows + stage * 2 * kBlockM + (tid / kVecs) * kBlockM + (tid % kVecs) * 4;
       SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*reinterpret_cast<cute::uint128_t const*>(src),
@@ -234,9 +259,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   constexpr int kRows = decltype(size<0>(s_off))::value;
   constexpr int kCols = decltype(size<1>(s_off))::value;
 
-  for (int it = 0; it < num_iters; ++it) {
-    int const h = h_first + it / num_m;
-    int const m = m_begin + it % num_m;
+  auto step = [&](int it, auto general) {
+    constexpr bool kGeneral = decltype(general)::value;
+    int h, m;
+    tile_of(it, h, m);
     int const m0 = m * kBlockM;
     int const stage = kDoubleQ ? (it & 1) : 0;
     int64_t const bh = (int64_t)b * p.nheads + h;
@@ -271,7 +297,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
     float const* dsum = lse2 + kBlockM;
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (rows, cols)
     Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (rows, cols)
-    if (p.softcap_prescale != 0.f) {
+    if (kGeneral && p.softcap_prescale != 0.f) {
       // s = c * tanh(x / c) enters exp2 as t * (c * log2 e) with t = tanh(x / c); ds/dx = 1 - t^2.
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -290,7 +316,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
       }
     }
     // Masking after the derivative factor: a masked score is -inf, which must only ever meet exp2, never t * t.
-    if (!mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN)) apply_mask(acc_s, mma_sdp, tile_s, mask, m0, n0);
+    if constexpr (kGeneral) apply_mask(acc_s, mma_sdp, tile_s, mask, m0, n0);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
@@ -339,7 +365,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
       }
     }
     if constexpr (kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
-  }
+  };
+  for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
+  for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
   // Epilogue.
   if (gqa && !group_in_cta) {

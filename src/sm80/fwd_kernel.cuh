@@ -75,8 +75,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   Tensor tKsK = load_thr.partition_D(sK);
   Tensor tVgV = load_thr.partition_S(gV);
   Tensor tVsV = load_thr.partition_D(sV);
-  Tensor tQcQ = load_thr.partition_S(make_identity_tensor(tile_q));    // (row, col) of each copied vector
-  Tensor tKVcKV = load_thr.partition_S(make_identity_tensor(tile_kv));
+  // Copy predicates compare thread 0's (compile-time) coordinates against bounds shifted by this thread's base
+  // (as the backward does), so the mainloop keeps no per-vector coordinates in registers.
+  Tensor tQcQ = gmem_load.get_thread_slice(_0{}).partition_S(make_identity_tensor(tile_q));     // (CPY, CPY_M, CPY_D)
+  Tensor tKVcKV = gmem_load.get_thread_slice(_0{}).partition_S(make_identity_tensor(tile_kv));  // (CPY, CPY_N, CPY_D)
+  Tensor tQcQ_mine = load_thr.partition_S(make_identity_tensor(tile_q));
+  int const load_row = get<0>(tQcQ_mine(0));
+  int const load_col = get<1>(tQcQ_mine(0));
+  int const k_cols = p.head_dim - load_col;
+  int const v_cols = p.head_dim_v - load_col;
 
   typename T::TiledMma mma;
   auto mma_thr = mma.get_thread_slice(tid);
@@ -97,33 +104,62 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   constexpr int kRows = 2 * decltype(size<1>(acc_o))::value;
   OnlineSoftmax<kRows> softmax;
 
-  if (n_max > n_min) {
-    copy_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, seq.seqlen_q - m0, p.head_dim);
-    int const n = n_max - 1;
-    copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK, tKVcKV, seq.seqlen_k - n * kBlockN, p.head_dim);
+  // Tiles [n_plain_lo, n_plain_hi) are seen in full by every row of the block. Without softcap they take the
+  // plain step: no mask and no softcap code. The others (the diagonal band, the window's edges, a partial last
+  // tile) take the general one. Online softmax does not care about tile order, so the general tiles go first
+  // (top band, then bottom band) and the plain ones after, each kind in one loop of its own. Measured in the
+  // SASS (hd128): one body with the optional work behind branches was if-converted (the predicated-off softcap
+  // and mask instructions cost every tile); both bodies inside one loop, or two loops inside an outer one, cost
+  // ~180 register moves per tile; two loops in sequence leave the plain body at FA2's instruction count.
+  int n_plain_lo, n_plain_hi;
+  mask.full_key_tiles(m0, m1, kBlockN, n_plain_lo, n_plain_hi);
+  n_plain_lo = max(n_plain_lo, n_min);
+  n_plain_hi = min(n_plain_hi, n_max);
+  if (p.softcap_prescale != 0.f || n_plain_hi < n_plain_lo) n_plain_lo = n_plain_hi = n_min;
+  int const num_top = n_max - n_plain_hi;
+  int const num_general = num_top + (n_plain_lo - n_min);
+  int const num_tiles = n_max - n_min;
+  auto tile_of = [&](int i) {
+    if (i < num_top) return n_max - 1 - i;
+    if (i < num_general) return n_plain_lo - 1 - (i - num_top);
+    return n_plain_hi - 1 - (i - num_general);
+  };
+
+  // Prologue: Q and the first tile's K.
+  if (num_tiles > 0) {
+    copy_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, seq.seqlen_q - m0 - load_row, k_cols);
+    int const n = tile_of(0);
+    copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK, tKVcKV, seq.seqlen_k - n * kBlockN - load_row, k_cols);
     cp_async_fence();
   }
 
-  for (int n = n_max - 1; n >= n_min; --n) {
+  auto step = [&](int i, auto general) {
+    constexpr bool kGeneral = decltype(general)::value;
+    int const n = tile_of(i);
     int const n0 = n * kBlockN;
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
     // K (and Q) have landed, and every warp is done with the previous P.V, so V's buffer may be refilled.
+    // Only the last tile can be partial, and it is never a plain one.
     cp_async_wait<0>();
     __syncthreads();
-    copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV, tKVcKV, seq.seqlen_k - n0, p.head_dim_v);
+    int const v_rows = kGeneral ? seq.seqlen_k - n0 - load_row : kBlockN;
+    copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV, tKVcKV, v_rows, v_cols);
     cp_async_fence();
 
     gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, smem_load_q, smem_load_k);
-    if (p.softcap_prescale != 0.f) apply_softcap(acc_s, p.softcap_prescale);
-    if (!mask.tile_fully_visible(m0, m1, n0, n0 + kBlockN))
+    if constexpr (kGeneral) {
+      if (p.softcap_prescale != 0.f) apply_softcap(acc_s, p.softcap_prescale);
       apply_mask(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0);
+    }
 
-    // V has landed, and every warp is done reading K: prefetch the next K under the softmax and P.V.
+    // V has landed, and every warp is done reading K: prefetch the next K under the softmax and P.V. A partial
+    // last tile is never plain, so it is the first general tile, loaded by the prologue: prefetched tiles are
+    // whole and need no row bound.
     cp_async_wait<0>();
     __syncthreads();
-    if (n > n_min) {
-      copy_tile_zfill(gmem_load, tKgK(_, _, _, n - 1), tKsK, tKVcKV, seq.seqlen_k - (n - 1) * kBlockN, p.head_dim);
+    if (i + 1 < num_tiles) {
+      copy_tile_zfill(gmem_load, tKgK(_, _, _, tile_of(i + 1)), tKsK, tKVcKV, kBlockN, k_cols);
       cp_async_fence();
     }
 
@@ -131,7 +167,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     Tensor rP = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, smem_load_v);
-  }
+  };
+
+  for (int i = 0; i < num_general; ++i) step(i, cute::true_type{});
+  for (int i = num_general; i < num_tiles; ++i) step(i, cute::false_type{});
 
   float lse[kRows];
   softmax.finalize(acc_o, p.scale_log2, lse);
