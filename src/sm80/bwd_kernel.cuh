@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/fast_math.h>
 
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
@@ -115,12 +116,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   int const num_general = num_m_general * num_heads;
   // Flat iteration -> (head, query tile): the general tiles of every head (those below the plain range, then
   // those above it), then the plain ones.
+  cutlass::FastDivmod const per_head_general(max(num_m_general, 1)), per_head_plain(max(num_m_plain, 1));
   auto tile_of = [&](int it, int& h, int& m) {
     bool const general = it < num_general;
-    int const per_head = general ? num_m_general : num_m_plain;
     int const j = general ? it : it - num_general;
-    int const k = j % per_head;
-    h = h_first + j / per_head;
+    int dh, k;
+    if (general)
+      per_head_general(dh, k, j);
+    else
+      per_head_plain(dh, k, j);
+    h = h_first + dh;
     m = !general ? m_plain_lo + k : k < m_plain_lo - m_begin ? m_begin + k : m_plain_hi + (k - (m_plain_lo - m_begin));
   };
 
@@ -282,55 +287,77 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
     Tensor tSsQ = ldsm_sdp_a.get_thread_slice(tid).partition_S(sQ);
     Tensor tKsQt = ldsm_kv_b.get_thread_slice(tid).partition_S(sQt);
 
-    // dP before S: the softcap's derivative then folds into dS as S is produced, with no copy of S kept alive
-    // across a GEMM.
-    Tensor acc_dp = partition_fragment_C(mma_sdp, tile_s);  // (MMA, MMA_M, MMA_N)
-    clear(acc_dp);
-    gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
-    Tensor acc_s = partition_fragment_C(mma_sdp, tile_s);  // (MMA, MMA_M, MMA_N)
-    clear(acc_s);
-    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
-
     // Row terms from the preprocess; rows past the sequence hold its padding (lse_log2 = +inf, D = 0), so P = 0
     // there.
     float const* lse2 = smem.rows + stage * 2 * kBlockM + s_base.row_base;
     float const* dsum = lse2 + kBlockM;
+    Tensor acc_s = partition_fragment_C(mma_sdp, tile_s);   // (MMA, MMA_M, MMA_N)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, tile_s);  // (MMA, MMA_M, MMA_N)
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (rows, cols)
     Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (rows, cols)
-    if (kGeneral && p.softcap_prescale != 0.f) {
-      // s = c * tanh(x / c) enters exp2 as t * (c * log2 e) with t = tanh(x / c); ds/dx = 1 - t^2.
+    if constexpr (kGeneral) {
+      // dP before S: the softcap's derivative then folds into dS as S is produced, with no copy of S kept alive
+      // across a GEMM.
+      clear(acc_dp);
+      gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
+      clear(acc_s);
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
+      if (p.softcap_prescale != 0.f) {
+        // s = c * tanh(x / c) enters exp2 as t * (c * log2 e) with t = tanh(x / c); ds/dx = 1 - t^2.
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            float const t = tanh_accurate(s(r, c) * p.softcap_prescale);
+            s(r, c) = t;
+            ds(r, c) = (ds(r, c) - dsum[get<0>(s_off(r, 0))]) * (1.f - t * t);
+          }
+        }
+      } else {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) ds(r, c) -= dsum[get<0>(s_off(r, 0))];
+        }
+      }
+      // Masking after the derivative factor: a masked score is -inf, which must only ever meet exp2, never t * t.
+      apply_mask(acc_s, mma_sdp, tile_s, mask, m0, n0);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          float const t = tanh_accurate(s(r, c) * p.softcap_prescale);
-          s(r, c) = t;
-          ds(r, c) = (ds(r, c) - dsum[get<0>(s_off(r, 0))]) * (1.f - t * t);
+          // -inf scores and +inf lse_log2 both give exp2(-inf) = 0; neither can make NaN here.
+          float const pr = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<0>(s_off(r, 0))]));
+          s(r, c) = pr;
+          ds(r, c) *= pr;
         }
       }
+      Tensor rP = convert_to<Element>(acc_s);
+      Tensor rdS = convert_to<Element>(acc_dp);
+      cute::copy(sts_sdp, sts_sdp_thr.retile_S(rP), tPsP);
+      cute::copy(sts_sdp, sts_sdp_thr.retile_S(rdS), tPsdS);
     } else {
+      // S before dP (no softcap here): P's exponentials and its store to shared memory can then overlap the dP
+      // product's MMAs.
+      clear(acc_s);
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) ds(r, c) -= dsum[get<0>(s_off(r, 0))];
+        for (int c = 0; c < kCols; ++c) s(r, c) = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<0>(s_off(r, 0))]));
       }
-    }
-    // Masking after the derivative factor: a masked score is -inf, which must only ever meet exp2, never t * t.
-    if constexpr (kGeneral) apply_mask(acc_s, mma_sdp, tile_s, mask, m0, n0);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+      Tensor rP = convert_to<Element>(acc_s);
+      cute::copy(sts_sdp, sts_sdp_thr.retile_S(rP), tPsP);
+      clear(acc_dp);
+      gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
       CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        // -inf scores and +inf lse_log2 both give exp2(-inf) = 0; neither can make NaN here.
-        float const pr = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<0>(s_off(r, 0))]));
-        s(r, c) = pr;
-        ds(r, c) *= pr;
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) ds(r, c) = (ds(r, c) - dsum[get<0>(s_off(r, 0))]) * s(r, c);
       }
+      Tensor rdS = convert_to<Element>(acc_dp);
+      cute::copy(sts_sdp, sts_sdp_thr.retile_S(rdS), tPsdS);
     }
-    Tensor rP = convert_to<Element>(acc_s);
-    Tensor rdS = convert_to<Element>(acc_dp);
-    cute::copy(sts_sdp, sts_sdp_thr.retile_S(rP), tPsP);
-    cute::copy(sts_sdp, sts_sdp_thr.retile_S(rdS), tPsdS);
     __syncthreads();  // P and dS are read by other warps' dV, dK and dQ products
 
     gemm_ss(acc_dv, tVrPt, tVrdOt, tVsPt, tVsdOt, mma_kv, ldsm_kv_a, ldsm_kv_b);
