@@ -92,7 +92,7 @@ flashcute_status_t not_built(KernelConfig const& cfg) {
 BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig const& cfg) {
   auto const& p = params.fwd;
   return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_m,
-                            params.deterministic != 0);
+                            cfg.block_n, params.deterministic != 0);
 }
 
 }  // namespace
@@ -193,6 +193,8 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
   k.seqlen_q_rounded = (int)ws.seqlen_q_rounded;
   k.seqlen_k_rounded = (int)ws.seqlen_k_rounded;
   k.head_dim_rounded = (int)ws.head_dim_rounded;
+  k.dq_slots = ws.dq_slots;
+  k.dq_slot_elems = ws.dq_slot_elems;
   k.deterministic = params->deterministic != 0;
   return launch_status(launch(k, stream), cfg->name, device_sm);
 }

@@ -52,13 +52,15 @@ struct BwdKernelParams : FwdKernelParams {
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
 
   // Workspace carved by the launch code (see src/api/workspace).
-  float* dq_accum;      // (batch, nheads, seqlen_q_rounded, head_dim_rounded) or varlen-packed equivalent
+  float* dq_accum;      // (slots, batch, nheads, seqlen_q_rounded, head_dim_rounded) or varlen-packed equivalent
   float* dsoftmax_sum;  // D_i = rowsum(dO * O)_i - dlse_i, (batch, nheads, seqlen_q_rounded)
   float* lse_log2;      // lse * log2(e) with -inf rows mapped to +inf so exp2 gives 0, same layout as dsoftmax_sum
   float* dk_accum;      // GQA only: (batch, seqlen_k_rounded, nheads_kv, head_dim_rounded) float32
   float* dv_accum;      // GQA only
-  int* dq_semaphore;    // deterministic mode: per (batch, head, m-block) ordering counters
+  int* dq_semaphore;    // deterministic mode: per (slot, batch, head, m-block) ordering counters
   int seqlen_q_rounded, seqlen_k_rounded, head_dim_rounded;
+  int dq_slots;           // 1, or more in deterministic mode (see src/api/workspace.h)
+  int64_t dq_slot_elems;  // float32 elements of one dq_accum slot
   bool deterministic;
 };
 

@@ -370,12 +370,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
       cp_async_fence();
     }
 
-    Tensor mdQacc = make_tensor(make_gmem_ptr(p.dq_accum + bh * p.seqlen_q_rounded * kHeadDim),
-                                make_shape(p.seqlen_q_rounded, Int<kHeadDim>{}),
+    // Deterministic mode spreads the key tiles over dq_slots accumulators (one otherwise): the CTAs that visit
+    // query tile m are the n-blocks from key_begin(m0) / kBlockN upward, consecutively, so within a slot they take
+    // turns 0, 1, ... in n order, each waiting only for the tile dq_slots below it.
+    int const slot = n_block % p.dq_slots;
+    float* const dq_acc = p.dq_accum + slot * p.dq_slot_elems + bh * p.seqlen_q_rounded * kHeadDim;
+    Tensor mdQacc = make_tensor(make_gmem_ptr(dq_acc), make_shape(p.seqlen_q_rounded, Int<kHeadDim>{}),
                                 make_stride(Int<kHeadDim>{}, _1{}));  // (Sq_rounded, D)
-    // The CTAs that visit query tile m are the n-blocks from key_begin(m0) / kBlockN upward, consecutively.
-    int* const sem = p.dq_semaphore + bh * (p.seqlen_q_rounded / kBlockM) + m;
-    int const turn = n_block - mask.key_begin(m0) / kBlockN;
+    int const tiles_q = p.seqlen_q_rounded / kBlockM;
+    int* const sem = p.dq_semaphore + (slot * (int64_t)p.batch * p.nheads + bh) * tiles_q + m;
+    int const turn = (n_block - mask.key_begin(m0) / kBlockN) / p.dq_slots;
     CUTE_UNROLL
     for (int c = 0; c < T::kDqChunks; ++c) {
       Tensor acc_dq = partition_fragment_C(mma_q, tile_dq);  // (MMA, MMA_M, MMA_Dc)

@@ -1,5 +1,5 @@
 // Backward postprocess: converts the float32 accumulators of the workspace into the caller's gradients.
-//   dq = softmax_scale * dq_accum                       (always)
+//   dq = softmax_scale * dq_accum                       (always; deterministic mode sums its slots first)
 //   dk = softmax_scale * dk_accum, dv = dv_accum        (GQA without determinism only; otherwise the main kernel
 //                                                         writes dk/dv itself)
 // The accumulators hold unscaled sums, so the softmax scale is applied exactly once, here or in the main kernel's
@@ -18,17 +18,25 @@
 namespace flashcute::sm80 {
 
 // rows x cols (cols < the accumulator's width, a multiple of 8) of a float32 tile, times scale, into Element
-// rows; one 16-byte store per 8 elements.
+// rows; one 16-byte store per 8 elements. With slots > 1 the tile is the sum of `slots` tiles slot_stride apart,
+// added in slot order (deterministic mode's dQ).
 template <class Element>
 __device__ __forceinline__ void convert_rows(Element* dst, int64_t dst_row_stride, float const* src,
-                                             int64_t src_row_stride, int rows, int cols, float scale) {
+                                             int64_t src_row_stride, int rows, int cols, float scale,
+                                             int slots = 1, int64_t slot_stride = 0) {
   int const vecs = cols / 8;
   cutlass::NumericArrayConverter<Element, float, 8> convert;
   for (int i = threadIdx.x; i < rows * vecs; i += blockDim.x) {
     int const r = i / vecs, c = (i % vecs) * 8;
     float const* s = src + r * src_row_stride + c;
-    float4 const lo = *reinterpret_cast<float4 const*>(s);
-    float4 const hi = *reinterpret_cast<float4 const*>(s + 4);
+    float4 lo = *reinterpret_cast<float4 const*>(s);
+    float4 hi = *reinterpret_cast<float4 const*>(s + 4);
+    for (int slot = 1; slot < slots; ++slot) {
+      float4 const l = *reinterpret_cast<float4 const*>(s + slot * slot_stride);
+      float4 const h = *reinterpret_cast<float4 const*>(s + slot * slot_stride + 4);
+      lo.x += l.x, lo.y += l.y, lo.z += l.z, lo.w += l.w;
+      hi.x += h.x, hi.y += h.y, hi.z += h.z, hi.w += h.w;
+    }
     cutlass::Array<float, 8> f;
     f[0] = lo.x * scale, f[1] = lo.y * scale, f[2] = lo.z * scale, f[3] = lo.w * scale;
     f[4] = hi.x * scale, f[5] = hi.y * scale, f[6] = hi.z * scale, f[7] = hi.w * scale;
@@ -53,7 +61,7 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
                   h * p.dq_head_stride + (int64_t)row0 * p.dq_row_stride;
     float const* acc = p.dq_accum + (bh * p.seqlen_q_rounded + row0) * p.head_dim_rounded;
     convert_rows(dq, p.dq_row_stride, acc, p.head_dim_rounded, min(kRows, seq.seqlen_q - row0), p.head_dim,
-                 p.softmax_scale);
+                 p.softmax_scale, p.dq_slots, p.dq_slot_elems);
   }
 
   bool const kv_accum = p.nheads != p.nheads_kv && !p.deterministic;

@@ -89,12 +89,15 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
         p.lse_log2[bh * p.seqlen_q_rounded + row] = lse2;
       }
     }
-    zero_rows_f32(p.dq_accum + (bh * p.seqlen_q_rounded + row0) * p.head_dim_rounded, p.head_dim_rounded, K::kRows,
-                  p.head_dim_rounded);
-    if (p.deterministic) {
-      constexpr int kSems = K::kRows / kBlockM;
-      int* sem = p.dq_semaphore + bh * (p.seqlen_q_rounded / kBlockM) + row0 / kBlockM;
-      if (threadIdx.x < kSems) sem[threadIdx.x] = 0;
+    for (int slot = 0; slot < p.dq_slots; ++slot) {
+      zero_rows_f32(p.dq_accum + slot * p.dq_slot_elems + (bh * p.seqlen_q_rounded + row0) * p.head_dim_rounded,
+                    p.head_dim_rounded, K::kRows, p.head_dim_rounded);
+      if (p.deterministic) {
+        constexpr int kSems = K::kRows / kBlockM;
+        int const sems_per_slot = p.batch * p.nheads * (p.seqlen_q_rounded / kBlockM);
+        int* sem = p.dq_semaphore + slot * sems_per_slot + bh * (p.seqlen_q_rounded / kBlockM) + row0 / kBlockM;
+        if (threadIdx.x < kSems) sem[threadIdx.x] = 0;
+      }
     }
   }
 
