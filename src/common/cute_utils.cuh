@@ -103,16 +103,11 @@ CUTE_DEVICE void copy_tile_bounded(TiledCopy const& copy, S const& src, D& dst, 
   }
 }
 
-// Two tanh's for the softcap. The forward uses tanh.approx.f32 (one MUFU, ~5e-4 relative): the exp2-based one
-// below made the forward 12-15% slower at hd64/hd128 even with softcap off (register allocation of the unused
-// branch; A/B measured twice on the H200, bench/RESULTS.md). The backward uses the exp2-based one (~1e-7): with
-// tanh.approx there the fp16 softcap dq error exceeded 2x plain PyTorch's.
-CUTE_DEVICE float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
+// tanh for the softcap, from one exp2 (~1e-7 relative), in the forward and the backward alike: the backward
+// recomputes P against the forward's lse, so both must round the capped scores the same way. tanh.approx.f32
+// (~5e-4) in the backward pushed the fp16 softcap dq error past 2x plain PyTorch's. The forward once used
+// tanh.approx because the exp2 form made the no-softcap forward 12-15% slower through if-conversion; softcap now
+// lives only in the general step (src/sm80/fwd_kernel.cuh), so the plain tiles pay nothing for it.
 CUTE_DEVICE float tanh_accurate(float x) {
   float const e = exp2f(x * 2.8853900817779268f);  // exp(2x)
   return 1.f - __fdividef(2.f, e + 1.f);

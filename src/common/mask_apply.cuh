@@ -47,7 +47,7 @@ CUTE_DEVICE void apply_mask(Acc& acc, TiledMma const& mma, Shape shape, Mask con
 template <class Acc>
 CUTE_DEVICE void apply_softcap(Acc& acc, float prescale) {
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) acc(i) = tanh_approx(acc(i) * prescale);
+  for (int i = 0; i < size(acc); ++i) acc(i) = tanh_accurate(acc(i) * prescale);
 }
 
 }  // namespace flashcute

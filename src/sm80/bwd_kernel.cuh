@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   constexpr int kRows = decltype(size<0>(s_off))::value;
   constexpr int kCols = decltype(size<1>(s_off))::value;
 
-  auto step = [&](int it, auto general) {
+  auto step = [&](int it, auto general) __attribute__((always_inline)) {
     constexpr bool kGeneral = decltype(general)::value;
     int h, m;
     tile_of(it, h, m);

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     cp_async_fence();
   }
 
-  auto step = [&](int i, auto general) {
+  auto step = [&](int i, auto general) __attribute__((always_inline)) {
     constexpr bool kGeneral = decltype(general)::value;
     int const n = tile_of(i);
     int const n0 = n * kBlockN;
