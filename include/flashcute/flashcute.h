@@ -97,7 +97,7 @@ typedef struct flashcute_bwd_params {
   int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
 
-  int deterministic; /* 1: bit-identical gradients across runs */
+  int deterministic; /* 1: bit-identical gradients across runs (its workspace grows with the device's SM count) */
 
   void* workspace; /* device memory of at least flashcute_bwd_workspace_size bytes */
   size_t workspace_size;

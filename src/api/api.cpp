@@ -91,8 +91,12 @@ flashcute_status_t not_built(KernelConfig const& cfg) {
 
 BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig const& cfg) {
   auto const& p = params.fwd;
-  return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_m,
-                            cfg.block_n, params.deterministic != 0);
+  bool const deterministic = params.deterministic != 0;
+  // Grid columns of the main kernel: (batch, query head), or (batch, K/V head) for deterministic GQA.
+  int64_t const columns = p.batch * (deterministic && p.nheads != p.nheads_kv ? p.nheads_kv : p.nheads);
+  return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_n,
+                            deterministic, (int)(columns < (1 << 30) ? columns : (1 << 30)),
+                            deterministic ? current_sm_count() : 1);
 }
 
 }  // namespace
@@ -189,7 +193,6 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
   bool const gqa = p.nheads != p.nheads_kv;
   k.dk_accum = gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
   k.dv_accum = gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
-  k.dq_semaphore = params->deterministic ? reinterpret_cast<int*>(base + ws.dq_semaphore) : nullptr;
   k.seqlen_q_rounded = (int)ws.seqlen_q_rounded;
   k.seqlen_k_rounded = (int)ws.seqlen_k_rounded;
   k.head_dim_rounded = (int)ws.head_dim_rounded;

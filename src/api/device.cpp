@@ -59,6 +59,16 @@ flashcute_status_t current_profile(arch::Profile const** profile, int* device_sm
   return apply_forced_arch(*own, std::getenv("FLASHCUTE_ARCH"), profile);
 }
 
+int current_sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms <= 0) {
+    cudaGetLastError();
+    return 108;
+  }
+  return sms;
+}
+
 flashcute_status_t check_device_pointer(void const* ptr, char const* name) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {

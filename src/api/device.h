@@ -17,6 +17,9 @@ flashcute_status_t apply_forced_arch(arch::Profile const& device, char const* fo
 
 flashcute_status_t check_device_pointer(void const* ptr, char const* name);
 
+// Multiprocessors of the current device (108 when it cannot be queried); sizes the deterministic backward's grid.
+int current_sm_count();
+
 // Maps a launch's cudaError_t (as int) to a status, naming the arch and the rebuild flag for missing code.
 flashcute_status_t launch_status(int cuda_error, char const* kernel, int device_sm);
 

@@ -57,9 +57,8 @@ struct BwdKernelParams : FwdKernelParams {
   float* lse_log2;      // lse * log2(e) with -inf rows mapped to +inf so exp2 gives 0, same layout as dsoftmax_sum
   float* dk_accum;      // GQA only: (batch, seqlen_k_rounded, nheads_kv, head_dim_rounded) float32
   float* dv_accum;      // GQA only
-  int* dq_semaphore;    // deterministic mode: per (slot, batch, head, m-block) ordering counters
   int seqlen_q_rounded, seqlen_k_rounded, head_dim_rounded;
-  int dq_slots;           // 1, or more in deterministic mode (see src/api/workspace.h)
+  int dq_slots;           // 1, or in deterministic mode the CTAs per grid column (see src/api/workspace.h)
   int64_t dq_slot_elems;  // float32 elements of one dq_accum slot
   bool deterministic;
 };

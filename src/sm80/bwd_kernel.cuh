@@ -14,15 +14,6 @@
 
 namespace flashcute::sm80 {
 
-CUTE_DEVICE int ld_acquire_gpu(int const* ptr) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
-CUTE_DEVICE void st_release_gpu(int* ptr, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
-}
-
 // g += acc for a float32 accumulator fragment and its gmem partition (same layout), with atomics.
 template <class G, class Acc>
 CUTE_DEVICE void atomic_add_fragment(G& g, Acc const& acc) {
@@ -39,32 +30,15 @@ CUTE_DEVICE void atomic_add_fragment(G& g, Acc const& acc) {
 #endif
 }
 
-// Deterministic variant: the CTAs adding into one tile take turns in a fixed order (turn 0, 1, ...), so the float
-// sums happen in the same order on every run. Loads and stores go to L2 (.cg): an L1 line filled before another
-// CTA's turn would be stale.
-template <class G, class Acc>
-CUTE_DEVICE void ordered_add_fragment(G& g, Acc const& acc, int* semaphore, int turn) {
-  if (threadIdx.x == 0) {
-    while (ld_acquire_gpu(semaphore) != turn) __nanosleep(32);
-    __threadfence();
-  }
-  __syncthreads();
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) __stcg(&g(i), __ldcg(&g(i)) + acc(i));
-  __threadfence();  // every thread's adds are visible device-wide before thread 0 passes the turn on
-  __syncthreads();
-  if (threadIdx.x == 0) st_release_gpu(semaphore, turn + 1);
-}
-
 // A tensor of the given shape with a plain layout, only for sizing register fragments of transposed operands.
 template <class Element, class Shape_>
 CUTE_DEVICE auto shape_tensor(Shape_ const& shape) {
   return make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)), make_layout(shape));
 }
 
-// Grid: (ceil(seqlen_k / kBlockN), nheads or, for deterministic GQA, nheads_kv, batch).
+// One key tile (n_block) of one grid column: dK/dV of its keys, and its share of dQ added into dq_slot.
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
+__device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const n_block, float* const dq_slot) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
@@ -75,7 +49,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   int const tid = threadIdx.x;
 
-  int const n_block = blockIdx.x;
   int const b = blockIdx.z;
   SeqInfo const seq = SeqInfo::make(p, b);
   // Every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get exact zeros.
@@ -102,8 +75,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   int const num_iters = num_m * num_heads;
   // Query tiles [m_plain_lo, m_plain_hi) see every key of this tile. Without softcap they take the plain step (no
   // mask, no softcap code) in a loop of their own after the general ones, as in the forward (see fwd_kernel.cuh
-  // for the measurements behind two loops in sequence). The order of query tiles changes no bits: dQ's
-  // deterministic order is per query tile, over key tiles.
+  // for the measurements behind two loops in sequence). The order of query tiles changes no bits: in
+  // deterministic mode each dQ float still receives its additions in key-tile order.
   int m_plain_lo = m_begin, m_plain_hi = m_begin;
   if (num_m > 0 && p.softcap_prescale == 0.f) {
     mask.full_query_tiles(n0, n0 + kBlockN, kBlockM, m_plain_lo, m_plain_hi);
@@ -370,16 +343,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
       cp_async_fence();
     }
 
-    // Deterministic mode spreads the key tiles over dq_slots accumulators (one otherwise): the CTAs that visit
-    // query tile m are the n-blocks from key_begin(m0) / kBlockN upward, consecutively, so within a slot they take
-    // turns 0, 1, ... in n order, each waiting only for the tile dq_slots below it.
-    int const slot = n_block % p.dq_slots;
-    float* const dq_acc = p.dq_accum + slot * p.dq_slot_elems + bh * p.seqlen_q_rounded * kHeadDim;
+    float* const dq_acc = dq_slot + bh * p.seqlen_q_rounded * kHeadDim;
     Tensor mdQacc = make_tensor(make_gmem_ptr(dq_acc), make_shape(p.seqlen_q_rounded, Int<kHeadDim>{}),
                                 make_stride(Int<kHeadDim>{}, _1{}));  // (Sq_rounded, D)
-    int const tiles_q = p.seqlen_q_rounded / kBlockM;
-    int* const sem = p.dq_semaphore + (slot * (int64_t)p.batch * p.nheads + bh) * tiles_q + m;
-    int const turn = (n_block - mask.key_begin(m0) / kBlockN) / p.dq_slots;
     CUTE_UNROLL
     for (int c = 0; c < T::kDqChunks; ++c) {
       Tensor acc_dq = partition_fragment_C(mma_q, tile_dq);  // (MMA, MMA_M, MMA_Dc)
@@ -388,12 +354,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
       Tensor tQsKt = ldsm_q_b.get_thread_slice(tid).partition_S(sKt_c);
       gemm_ss(acc_dq, tQrdS, tQrKt, tQsdS, tQsKt, mma_q, ldsm_q_a, ldsm_q_b);
       Tensor tdQgdQ = q_thr.partition_C(local_tile(mdQacc, tile_dq, make_coord(m, c)));  // (MMA, MMA_M, MMA_Dc)
-      if (p.deterministic) {
-        // Chunks take separate turns: turn t of chunk c is count t * kDqChunks + c of the tile's semaphore.
-        ordered_add_fragment(tdQgdQ, acc_dq, sem, turn * T::kDqChunks + c);
-      } else {
-        atomic_add_fragment(tdQgdQ, acc_dq);
-      }
+      atomic_add_fragment(tdQgdQ, acc_dq);
     }
     if constexpr (kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
   };
@@ -455,6 +416,22 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   cute::copy(gmem_store, tdVsV, tdVr);
   copy_tile_bounded(gmem_store, tdKr, tdKgdK, tdKVc, key_rows - n0, p.head_dim);
   copy_tile_bounded(gmem_store, tdVr, tdVgdV, tdKVc, key_rows - n0, p.head_dim_v);
+}
+
+// Grid: (key tiles, or dq_slots in deterministic mode; nheads, or nheads_kv for deterministic GQA; batch).
+// Default: one key tile per CTA, every CTA adding dQ into the one accumulator with atomics (their order varies).
+// Deterministic: CTA s of a column walks key tiles s, s + slots, ... and adds only into slot s. The dQ fragment of
+// a query tile maps to the same threads for every key tile, so each float is added to by one thread in program
+// order (same-address atomics of one thread are ordered), and the postprocess sums the slots in slot order.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
+  int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  int const stride = p.deterministic ? gridDim.x : key_tiles;
+  float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
+  for (int n = blockIdx.x; n < key_tiles; n += stride) {
+    bwd_key_tile<T>(p, n, dq_slot);
+    __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
+  }
 }
 
 }  // namespace flashcute::sm80

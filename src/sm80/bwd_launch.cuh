@@ -22,7 +22,7 @@ int run_bwd(BwdKernelParams const& p, void* stream_ptr) {
 
   int const pre_rows = p.seqlen_q_rounded > p.seqlen_k_rounded ? p.seqlen_q_rounded : p.seqlen_k_rounded;
   dim3 const pre_grid(pre_rows / kRows, p.nheads, p.batch);
-  bwd_preprocess_kernel<Element, T::kBlockM><<<pre_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
+  bwd_preprocess_kernel<Element><<<pre_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
@@ -32,9 +32,11 @@ int run_bwd(BwdKernelParams const& p, void* stream_ptr) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  // Varlen: seqlen_k is the longest sequence; key tiles past a shorter one exit at once.
+  // Varlen: seqlen_k is the longest sequence; key tiles past a shorter one are skipped at once. Deterministic mode
+  // runs dq_slots CTAs per column, each walking a strided set of key tiles (see bwd_kernel).
   bool const group_in_cta = p.nheads != p.nheads_kv && p.deterministic;
-  dim3 const grid((p.seqlen_k + T::kBlockN - 1) / T::kBlockN, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
+  int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  dim3 const grid(p.deterministic ? p.dq_slots : key_tiles, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
   kernel<<<grid, T::kThreads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;

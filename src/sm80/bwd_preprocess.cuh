@@ -42,9 +42,8 @@ __device__ __forceinline__ void zero_rows_f32(float* base, int64_t row_stride, i
   }
 }
 
-// Grid: (ceil(max(seqlen_q_rounded, seqlen_k_rounded) / kRows), nheads, batch). kBlockM is the main kernel's
-// query tile, which sets how many dq semaphores a row range owns.
-template <class Element, int kBlockM>
+// Grid: (ceil(max(seqlen_q_rounded, seqlen_k_rounded) / kRows), nheads, batch).
+template <class Element>
 __global__ void __launch_bounds__(BwdRowKernel::kThreads)
     bwd_preprocess_kernel(__grid_constant__ BwdKernelParams const p) {
   using K = BwdRowKernel;
@@ -89,16 +88,9 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
         p.lse_log2[bh * p.seqlen_q_rounded + row] = lse2;
       }
     }
-    for (int slot = 0; slot < p.dq_slots; ++slot) {
+    for (int slot = 0; slot < p.dq_slots; ++slot)
       zero_rows_f32(p.dq_accum + slot * p.dq_slot_elems + (bh * p.seqlen_q_rounded + row0) * p.head_dim_rounded,
                     p.head_dim_rounded, K::kRows, p.head_dim_rounded);
-      if (p.deterministic) {
-        constexpr int kSems = K::kRows / kBlockM;
-        int const sems_per_slot = p.batch * p.nheads * (p.seqlen_q_rounded / kBlockM);
-        int* sem = p.dq_semaphore + slot * sems_per_slot + bh * (p.seqlen_q_rounded / kBlockM) + row0 / kBlockM;
-        if (threadIdx.x < kSems) sem[threadIdx.x] = 0;
-      }
-    }
   }
 
   // GQA without determinism: the query heads of a group add dK/dV into float32 accumulators.

@@ -67,7 +67,7 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr int kThreads = kWarps * 32;
   static_assert(kHeadDim % 32 == 0 && kBlockM % 16 == 0 && kBlockN % 16 == 0);
   static_assert(128 % kBlockM == 0 && 128 % kBlockN == 0,
-                "src/api/workspace.h rounds rows to 128 and counts dq semaphores per kBlockM");
+                "src/api/workspace.h rounds rows to 128");
   static_assert(kBlockM % (kThreads / Base::kGmemThreadsPerRow) == 0 &&
                     kBlockN % (kThreads / Base::kGmemThreadsPerRow) == 0,
                 "tile rows must be a whole number of gmem copy passes");
