@@ -7,6 +7,7 @@
 #include <string>
 
 #include "api/device.h"
+#include "api/workspace.h"
 #include "arch/dispatch.h"
 #include "arch/profiles.h"
 #include "arch/registry.h"
@@ -162,4 +163,24 @@ TEST(Dispatch, ForcedConfigIsUsedOnlyWhereItServesAndFits) {
             select_config(bwd128, h200, &why));
   EXPECT_EQ(select_config(fwd128, h200, &why, "no_such_kernel"), nullptr);
   EXPECT_NE(why.find("names no kernel config"), std::string::npos);
+}
+
+// Deterministic backward: dq_slots CTAs per grid column. The count fills whole waves of the GPU, never exceeds the
+// key tiles or the slot cap, and the default mode always gets one slot.
+TEST(Workspace, DeterministicSlotsFillWholeWaves) {
+  EXPECT_EQ(BwdWorkspace::choose_dq_slots(128, 32, 132), 4);   // 128 CTAs: one wave, 97% of the SMs
+  EXPECT_EQ(BwdWorkspace::choose_dq_slots(128, 16, 132), 8);
+  EXPECT_EQ(BwdWorkspace::choose_dq_slots(16, 256, 132), 1);   // enough columns already
+  EXPECT_EQ(BwdWorkspace::choose_dq_slots(3, 1, 132), 3);      // no more slots than key tiles
+  EXPECT_EQ(BwdWorkspace::choose_dq_slots(1000, 1, 132), BwdWorkspace::kMaxDqSlots);
+  for (int64_t tiles : {1, 2, 7, 64, 129})
+    for (int64_t columns : {1, 3, 32, 100, 1000}) {
+      int const s = BwdWorkspace::choose_dq_slots(tiles, columns, 108);
+      EXPECT_TRUE(s >= 1 && s <= tiles && s <= BwdWorkspace::kMaxDqSlots) << tiles << " tiles, " << columns;
+    }
+  BwdWorkspace const plain = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, false, 16, 132);
+  EXPECT_EQ(plain.dq_slots, 1);
+  BwdWorkspace const det = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, true, 4, 132);
+  EXPECT_EQ(det.dq_slots, 8);  // 8 key tiles, 4 columns
+  EXPECT_GE(det.total - plain.total, size_t(7) * det.dq_slot_elems * sizeof(float));
 }
