@@ -133,8 +133,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     cp_async_fence();
   }
 
-  auto step = [&](int i, auto general) __attribute__((always_inline)) {
-    constexpr bool kGeneral = decltype(general)::value;
+  // Three bodies of one step: plain, masked, and softcapped (softcap then mask). ptxas predicates an optional
+  // softcap inside the masked body rather than branching around it, so the causal band paid ~200 predicated-off
+  // instructions per tile, and spills, for a softcap it did not use.
+  constexpr int kPlain = 0, kMasked = 1, kSoftcapped = 2;
+  auto step = [&](int i, auto kind) __attribute__((always_inline)) {
+    constexpr int kKind = decltype(kind)::value;
+    constexpr bool kGeneral = kKind != kPlain;
     int const n = tile_of(i);
     int const n0 = n * kBlockN;
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
@@ -148,10 +153,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     cp_async_fence();
 
     gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, smem_load_q, smem_load_k);
-    if constexpr (kGeneral) {
-      if (p.softcap_prescale != 0.f) apply_softcap(acc_s, p.softcap_prescale);
-      apply_mask(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0);
-    }
+    if constexpr (kKind == kSoftcapped) apply_softcap(acc_s, p.softcap_prescale);
+    if constexpr (kGeneral) apply_mask(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0);
 
     // V has landed, and every warp is done reading K: prefetch the next K under the softmax and P.V. A partial
     // last tile is never plain, so it is the first general tile, loaded by the prologue: prefetched tiles are
@@ -169,8 +172,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, smem_load_v);
   };
 
-  for (int i = 0; i < num_general; ++i) step(i, cute::true_type{});
-  for (int i = num_general; i < num_tiles; ++i) step(i, cute::false_type{});
+  if (p.softcap_prescale != 0.f) {
+    for (int i = 0; i < num_tiles; ++i) step(i, Int<kSoftcapped>{});  // no plain tiles with softcap
+  } else {
+    for (int i = 0; i < num_general; ++i) step(i, Int<kMasked>{});
+    for (int i = num_general; i < num_tiles; ++i) step(i, Int<kPlain>{});
+  }
 
   float lse[kRows];
   softmax.finalize(acc_o, p.scale_log2, lse);
