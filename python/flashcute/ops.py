@@ -218,3 +218,157 @@ def _backward(ctx, dout, dlse):
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# Variable length: sequences packed along the rows. q (total_q, H, D), k/v (total_k, Hkv, D/Dv), int32
+# cu_seqlens_q/k (batch + 1 offsets), optional int32 seqused_k (batch); out (total_q, H, Dv), lse (H, total_q).
+# The C library takes these as batch = number of sequences, seqlen = the longest one, with the batch strides
+# ignored; the packed tensors are passed as (1, total, H, D) views.
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, nheads, head_dim) for varlen, got shape "
+                             f"{tuple(t.shape)}")
+    _check_inputs(q[None], k[None], v[None])
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        if t is None:
+            continue
+        if t.dtype != torch.int32 or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D int32 tensor, got {t.dtype} with shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if cu_seqlens_q.numel() < 2 or cu_seqlens_k.numel() != cu_seqlens_q.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    if seqused_k is not None and seqused_k.numel() != cu_seqlens_q.numel() - 1:
+        raise ValueError(f"seqused_k must hold batch = {cu_seqlens_q.numel() - 1} entries, got {seqused_k.numel()}")
+
+
+def _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """The longest sequences, checked against the packed tensors (one small host copy): the kernels size their
+    grids and workspaces from them, so offsets that disagree with the tensors must never reach the library."""
+    if q.device.type == "meta":
+        return q.shape[0], k.shape[0]
+    cu_q, cu_k = cu_seqlens_q.cpu().long(), cu_seqlens_k.cpu().long()
+    for name, cu, total in (("cu_seqlens_q", cu_q, q.shape[0]), ("cu_seqlens_k", cu_k, k.shape[0])):
+        if cu[0] != 0 or bool((cu[1:] < cu[:-1]).any()) or cu[-1] > total:
+            raise ValueError(f"{name} must start at 0, never decrease, and end at most at the {total} packed rows, "
+                             f"got {cu.tolist()}")
+    len_k = cu_k[1:] - cu_k[:-1]
+    if seqused_k is not None:
+        used = seqused_k.cpu().long()
+        if bool((used < 0).any()) or bool((used > len_k).any()):
+            raise ValueError(f"seqused_k must lie in [0, the sequence's length], got {used.tolist()}")
+    return max(int((cu_q[1:] - cu_q[:-1]).max()), 1), max(int(len_k.max()), 1)
+
+
+def _varlen_fwd_params(q, k, v, out, lse, dtype, args, cu_seqlens_q, cu_seqlens_k, seqused_k, max_q, max_k):
+    p = _fwd_params(q[None], k[None], v[None], out[None], lse[None], dtype, *args)
+    p.batch, p.seqlen_q, p.seqlen_k = cu_seqlens_q.numel() - 1, max_q, max_k
+    p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k), _ptr(seqused_k)
+    return p
+
+
+_VARLEN_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
+                      "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
+                      "bool deterministic=False) -> (Tensor out, Tensor lse)")
+_VARLEN_BWD_SCHEMA = ("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, float softmax_scale, bool causal, "
+                      "int window_left, int window_right, float softcap, bool deterministic) "
+                      "-> (Tensor dq, Tensor dk, Tensor dv)")
+
+
+@torch.library.custom_op("flashcute::varlen_fwd", mutates_args=(), schema=_VARLEN_FWD_SCHEMA)
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               seqused_k: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int, window_right: int,
+               softcap: float, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    max_q, max_k = _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    args = (softmax_scale, causal, window_left, window_right, softcap)
+    seqs = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None if seqused_k is None else seqused_k.contiguous())
+    total_q, nheads, _ = q.shape
+    if q.device.type == "cuda":
+        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+        out = q.new_empty((total_q, nheads, v.shape[2]))
+        lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+        lib = _capi.lib()
+        p = _varlen_fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], args, *seqs, max_q, max_k)
+        _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
+        return out, lse
+    q64, k64, v64 = (_f64(t) for t in (q, k, v))
+    out = q64.new_empty((total_q, nheads, v.shape[2]))
+    lse = q64.new_empty((nheads, total_q))
+    p = _varlen_fwd_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, *seqs, max_q, max_k)
+    _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
+    return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
+
+
+@varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, softmax_scale, causal, window_left, window_right, softcap,
+      deterministic=False):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    total_q, nheads, _ = q.shape
+    return q.new_empty((total_q, nheads, v.shape[2])), q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("flashcute::varlen_bwd", mutates_args=(), schema=_VARLEN_BWD_SCHEMA)
+def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], softmax_scale: float,
+               causal: bool, window_left: int, window_right: int, softcap: float,
+               deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    total_q, nheads, _ = q.shape
+    for name, t, shape in (("out", out, (total_q, nheads, v.shape[2])), ("dout", dout, (total_q, nheads, v.shape[2])),
+                           ("lse", lse, (nheads, total_q)), ("dlse", dlse, (nheads, total_q))):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    max_q, max_k = _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    args = (softmax_scale, causal, window_left, window_right, softcap)
+    seqs = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None if seqused_k is None else seqused_k.contiguous())
+    if q.device.type == "cuda":
+        q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
+        lse = lse.to(torch.float32).contiguous()
+        dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+        dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+        lib = _capi.lib()
+        fwd_p = _varlen_fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], args, *seqs, max_q, max_k)
+        p = _bwd_params(fwd_p, dout[None], dlse, dq[None], dk[None], dv[None], deterministic)
+        _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
+        return dq, dk, dv
+    q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
+    dq, dk, dv = (torch.empty_like(t) for t in (q64, k64, v64))
+    fwd_p = _varlen_fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, args, *seqs, max_q, max_k)
+    p = _bwd_params(fwd_p, dout64[None], dlse64, dq[None], dk[None], dv[None], deterministic)
+    _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@varlen_bwd.register_fake
+def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, softmax_scale, causal, window_left,
+      window_right, softcap, deterministic):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *args = inputs
+    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *output)
+    ctx.args = args
+    ctx.set_materialize_grads(False)
+
+
+def _varlen_backward(ctx, dout, dlse):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, lse = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return (None,) * 12
+    if dout is None:
+        dout = torch.zeros_like(out)
+    scale, causal, window_left, window_right, softcap, deterministic = ctx.args
+    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+    dq, dk, dv = varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, causal,
+                            window_left, window_right, softcap, deterministic)
+    return (dq, dk, dv) + (None,) * 9
+
+
+varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)

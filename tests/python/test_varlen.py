@@ -1,0 +1,113 @@
+"""flash_attn_varlen_func: packed sequences give what flash_attn_func gives sequence by sequence (values and
+gradients through out and lse), on CPU (float64 reference) and on the GPU; bad offsets are refused."""
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flashcute import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("flashcute_library")
+
+# (lengths of q, lengths of k, seqused_k or None, causal, window, nheads, nheads_kv): an empty query sequence,
+# one-token ones, Sq > Sk (fully masked causal rows), GQA, a window, keys cut short by seqused_k.
+CASES = {
+    "causal": ([5, 1, 17, 0], [7, 3, 17, 4], None, True, (None, None), 4, 2),
+    "window_gqa": ([9, 33], [30, 12], None, False, (5, 2), 4, 1),
+    "seqused": ([6, 20, 3], [10, 25, 8], [4, 25, 0], True, (None, None), 2, 2),
+}
+
+
+def offsets(lengths, device):
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def make_case(name, dtype, device, head_dim=16):
+    lens_q, lens_k, used, causal, window, h, hkv = CASES[name]
+    g = torch.Generator().manual_seed(len(name))
+    shapes = ((sum(lens_q), h, head_dim), (sum(lens_k), hkv, head_dim), (sum(lens_k), hkv, head_dim))
+    q, k, v = (torch.randn(s, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_() for s in shapes)
+    seqused = None if used is None else torch.tensor(used, dtype=torch.int32, device=device)
+    return q, k, v, offsets(lens_q, device), offsets(lens_k, device), seqused, causal, window
+
+
+def loss_of(out, lse):
+    # Weights on both outputs; -inf lse (rows that see no key) contributes nothing.
+    w = torch.linspace(0.5, 1.5, out.numel(), dtype=torch.float64, device=out.device).view(out.shape)
+    return (out.double() * w).sum() + 1e-1 * torch.where(lse.isfinite(), lse.double(), 0).square().sum()
+
+
+def per_sequence(q, k, v, cu_q, cu_k, seqused, causal, window):
+    """The same attention through flash_attn_func, one sequence at a time; (out, lse) packed like varlen's."""
+    outs, lses = [], []
+    for b in range(cu_q.numel() - 1):
+        q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        if seqused is not None:
+            k1 = k0 + int(seqused[b])
+        if q1 == q0:
+            continue
+        if k1 == k0:  # no key at all: out 0, lse -inf, no gradient
+            outs.append(torch.zeros_like(q[q0:q1, :, :v.shape[2]]) * q[q0:q1].sum())
+            lses.append(torch.full((q.shape[1], q1 - q0), float("-inf"), device=q.device, dtype=torch.float32
+                                   if q.dtype != torch.float64 else torch.float64))
+            continue
+        out, lse = flash_attn_func(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal=causal, window_size=window)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def run_both(name, dtype, device):
+    q, k, v, cu_q, cu_k, seqused, causal, window = make_case(name, dtype, device)
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, causal=causal, window_size=window, seqused_k=seqused)
+    grads = torch.autograd.grad(loss_of(out, lse), (q, k, v))
+    ref_out, ref_lse = per_sequence(q, k, v, cu_q, cu_k, seqused, causal, window)
+    ref_grads = torch.autograd.grad(loss_of(ref_out, ref_lse), (q, k, v))
+    return (out, lse, *grads), (ref_out, ref_lse, *ref_grads)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_varlen_matches_per_sequence_cpu(name):
+    ours, ref = run_both(name, torch.float64, "cpu")
+    for a, b, what in zip(ours, ref, ("out", "lse", "dq", "dk", "dv")):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASES)
+def test_varlen_matches_per_sequence_gpu(name):
+    # The same kernels run per sequence either way; only the grid and (backward) the float atomics' order differ.
+    ours, ref = run_both(name, torch.bfloat16, "cuda")
+    for a, b, what in zip(ours, ref, ("out", "lse", "dq", "dk", "dv")):
+        assert torch.equal(a.isfinite(), b.isfinite()), what
+        torch.testing.assert_close(a[a.isfinite()].float(), b[b.isfinite()].float(), rtol=2e-2, atol=2e-2, msg=what)
+
+
+def test_varlen_opcheck():
+    q, k, v, cu_q, cu_k, seqused, causal, window = make_case("seqused", torch.float64, "cpu")
+    args = (cu_q, cu_k, seqused, 0.25, causal, -1, -1, 0.0)
+    torch.library.opcheck(torch.ops.flashcute.varlen_fwd, (q, k, v, *args, False))
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = torch.ops.flashcute.varlen_fwd(q, k, v, *args)
+    for dlse in (None, torch.randn_like(lse)):
+        torch.library.opcheck(torch.ops.flashcute.varlen_bwd,
+                              (torch.randn_like(out), dlse, q, k, v, out, lse, *args, False))
+
+
+BAD = {
+    "int64_offsets": (lambda cu_q, cu_k, used: (cu_q.long(), cu_k, used), "cu_seqlens_q must be a 1-D int32"),
+    "batch_mismatch": (lambda cu_q, cu_k, used: (cu_q, cu_k[:-1], used), "must both hold"),
+    "past_the_rows": (lambda cu_q, cu_k, used: (cu_q, cu_k + 1, used), "cu_seqlens_k must start at 0"),
+    "decreasing": (lambda cu_q, cu_k, used: (cu_q.flip(0), cu_k, used), "cu_seqlens_q must start at 0"),
+    "seqused_too_long": (lambda cu_q, cu_k, used: (cu_q, cu_k, used + 100), "seqused_k must lie"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_varlen_errors_name_the_argument(case):
+    q, k, v, cu_q, cu_k, seqused, causal, _ = make_case("seqused", torch.float64, "cpu")
+    fn, message = BAD[case]
+    cu_q, cu_k, seqused = fn(cu_q, cu_k, seqused)
+    with pytest.raises(ValueError, match=message):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, causal=causal, seqused_k=seqused)
