@@ -72,6 +72,22 @@ CUTE_DEVICE void gemm_rs(Acc& acc, RA const& rA, RB& rB, SB const& sB, TiledMma 
   }
 }
 
+// Coordinates for the predicates of copy_tile_zfill / copy_tile_bounded, split as TileCoords splits the MMA tiles'
+// (common/mask_apply.cuh): copy_offsets is thread 0's partition of the tile (compile-time coordinates), and
+// copy_base this thread's first vector (row, col), which callers subtract from the bounds. Partitioning with the
+// real thread index instead keeps every vector's coordinates in registers across the mainloop.
+template <class TiledCopy, class Shape>
+CUTE_DEVICE auto copy_offsets(TiledCopy const& copy, Shape shape) {
+  return copy.get_thread_slice(_0{}).partition_S(make_identity_tensor(shape));  // (CPY, CPY_ROW, CPY_COL)
+}
+
+template <class ThrCopy, class Shape>
+CUTE_DEVICE void copy_base(ThrCopy const& thr, Shape shape, int& row, int& col) {
+  auto const mine = thr.partition_S(make_identity_tensor(shape));
+  row = get<0>(mine(0));
+  col = get<1>(mine(0));
+}
+
 // Global -> shared tile copy with a zero-filling cp.async atom, predicated on rows < max_row and columns < max_col:
 // elements outside read nothing and land as zeros, so padded head dims and rows past the sequence contribute exact
 // zeros (never NaN) to MMAs. One predicated instruction per vector, no branches or separate clears.

@@ -132,13 +132,11 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
 
   typename T::GmemLoad gmem_load;
   auto load_thr = gmem_load.get_thread_slice(tid);
-  // Copy predicates compare thread 0's (compile-time) coordinates against bounds shifted by this thread's base,
-  // as TileCoords does for the MMA tiles, so the mainloop keeps no per-vector coordinates in registers.
-  Tensor tQcQ = gmem_load.get_thread_slice(_0{}).partition_S(make_identity_tensor(tile_q));     // (CPY, CPY_M, CPY_D)
-  Tensor tKVcKV = gmem_load.get_thread_slice(_0{}).partition_S(make_identity_tensor(tile_kv));  // (CPY, CPY_N, CPY_D)
-  Tensor tQcQ_mine = load_thr.partition_S(make_identity_tensor(tile_q));
-  int const load_row = get<0>(tQcQ_mine(0));
-  int const load_col = get<1>(tQcQ_mine(0));
+  // Copy predicates: thread 0's coordinates against bounds shifted by this thread's base (copy_base).
+  Tensor tQcQ = copy_offsets(gmem_load, tile_q);     // (CPY, CPY_M, CPY_D)
+  Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);  // (CPY, CPY_N, CPY_D)
+  int load_row, load_col;
+  copy_base(load_thr, tile_q, load_row, load_col);
 
   // Q or dO rows of flat iteration `it` into a (kBlockM, D) smem tile, zero-filled past the sequence and head dim.
   auto load_q_rows = [&](Element* dst, Element const* base, int64_t head_stride, int64_t row_stride, int cols,

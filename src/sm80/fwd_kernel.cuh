@@ -75,13 +75,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   Tensor tKsK = load_thr.partition_D(sK);
   Tensor tVgV = load_thr.partition_S(gV);
   Tensor tVsV = load_thr.partition_D(sV);
-  // Copy predicates compare thread 0's (compile-time) coordinates against bounds shifted by this thread's base
-  // (as the backward does), so the mainloop keeps no per-vector coordinates in registers.
-  Tensor tQcQ = gmem_load.get_thread_slice(_0{}).partition_S(make_identity_tensor(tile_q));     // (CPY, CPY_M, CPY_D)
-  Tensor tKVcKV = gmem_load.get_thread_slice(_0{}).partition_S(make_identity_tensor(tile_kv));  // (CPY, CPY_N, CPY_D)
-  Tensor tQcQ_mine = load_thr.partition_S(make_identity_tensor(tile_q));
-  int const load_row = get<0>(tQcQ_mine(0));
-  int const load_col = get<1>(tQcQ_mine(0));
+  // Copy predicates: thread 0's coordinates against bounds shifted by this thread's base (copy_base).
+  Tensor tQcQ = copy_offsets(gmem_load, tile_q);     // (CPY, CPY_M, CPY_D)
+  Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);  // (CPY, CPY_N, CPY_D)
+  int load_row, load_col;
+  copy_base(load_thr, tile_q, load_row, load_col);
   int const k_cols = p.head_dim - load_col;
   int const v_cols = p.head_dim_v - load_col;
 
