@@ -48,17 +48,20 @@ struct Mask {
   FLASHCUTE_HD int query_begin(int n0) const { return imax(n0 - right - (seqlen_k - seqlen_q), 0); }
   FLASHCUTE_HD int query_end(int n1) const { return imin(imax(n1 + left - (seqlen_k - seqlen_q), 0), seqlen_q); }
 
-  // Key tiles [lo, hi) of width w (tile t = keys [t*w, (t+1)*w)) that every row of [m0, m1) sees in full, i.e.
-  // where tile_fully_visible holds; the range is empty when hi <= lo. The kernels skip all masking work there.
-  FLASHCUTE_HD void full_key_tiles(int m0, int m1, int w, int& lo, int& hi) const {
-    lo = (key_begin(m1 - 1) + w - 1) / w;
-    hi = m1 <= seqlen_q ? key_end(m0) / w : lo;
+  // Key tiles [lo, hi) of width w (tile t = keys [t*w, (t+1)*w)) among tiles [first, last) that every row of
+  // [m0, m1) sees in full, i.e. where tile_fully_visible holds; an empty range comes back as lo = hi = first.
+  // The kernels skip all masking work there.
+  FLASHCUTE_HD void full_key_tiles(int m0, int m1, int w, int first, int last, int& lo, int& hi) const {
+    lo = imax((key_begin(m1 - 1) + w - 1) / w, first);
+    hi = m1 <= seqlen_q ? imin(key_end(m0) / w, last) : lo;
+    if (hi <= lo) lo = hi = first;
   }
-  // Query tiles [lo, hi) of height h whose every row sees all keys of [n0, n1), likewise: rows from
-  // query_begin(n1 - 1) see the last key, rows before query_end(n0 + 1) the first.
-  FLASHCUTE_HD void full_query_tiles(int n0, int n1, int h, int& lo, int& hi) const {
-    lo = (query_begin(n1 - 1) + h - 1) / h;
-    hi = n1 <= seqlen_k ? query_end(n0 + 1) / h : lo;
+  // Query tiles [lo, hi) of height h among [first, last) whose every row sees all keys of [n0, n1), likewise: rows
+  // from query_begin(n1 - 1) see the last key, rows before query_end(n0 + 1) the first.
+  FLASHCUTE_HD void full_query_tiles(int n0, int n1, int h, int first, int last, int& lo, int& hi) const {
+    lo = imax((query_begin(n1 - 1) + h - 1) / h, first);
+    hi = n1 <= seqlen_k ? imin(query_end(n0 + 1) / h, last) : lo;
+    if (hi <= lo) lo = hi = first;
   }
 
   // True when every (i, j) of the tile rows [m0, m1) x keys [n0, n1) is visible, so no per-element test is needed.

@@ -78,12 +78,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   // for the measurements behind two loops in sequence). The order of query tiles changes no bits: in
   // deterministic mode each dQ float still receives its additions in key-tile order.
   int m_plain_lo = m_begin, m_plain_hi = m_begin;
-  if (num_m > 0 && p.softcap_prescale == 0.f) {
-    mask.full_query_tiles(n0, n0 + kBlockN, kBlockM, m_plain_lo, m_plain_hi);
-    m_plain_lo = max(m_plain_lo, m_begin);
-    m_plain_hi = min(m_plain_hi, m_begin + num_m);
-    if (m_plain_hi < m_plain_lo) m_plain_lo = m_plain_hi = m_begin;
-  }
+  if (p.softcap_prescale == 0.f)
+    mask.full_query_tiles(n0, n0 + kBlockN, kBlockM, m_begin, m_begin + num_m, m_plain_lo, m_plain_hi);
   int const num_m_plain = m_plain_hi - m_plain_lo;
   int const num_m_general = num_m - num_m_plain;
   int const num_general = num_m_general * num_heads;

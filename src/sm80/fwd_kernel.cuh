@@ -110,10 +110,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   // and mask instructions cost every tile); both bodies inside one loop, or two loops inside an outer one, cost
   // ~180 register moves per tile; two loops in sequence leave the plain body at FA2's instruction count.
   int n_plain_lo, n_plain_hi;
-  mask.full_key_tiles(m0, m1, kBlockN, n_plain_lo, n_plain_hi);
-  n_plain_lo = max(n_plain_lo, n_min);
-  n_plain_hi = min(n_plain_hi, n_max);
-  if (p.softcap_prescale != 0.f || n_plain_hi < n_plain_lo) n_plain_lo = n_plain_hi = n_min;
+  mask.full_key_tiles(m0, m1, kBlockN, n_min, n_max, n_plain_lo, n_plain_hi);
+  if (p.softcap_prescale != 0.f) n_plain_lo = n_plain_hi = n_min;
   int const num_top = n_max - n_plain_hi;
   int const num_general = num_top + (n_plain_lo - n_min);
   int const num_tiles = n_max - n_min;

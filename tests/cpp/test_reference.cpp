@@ -575,26 +575,39 @@ void check_mask(MaskConfig const& cfg) {
           ASSERT_EQ(mask.tile_fully_visible(m0, m1, n0, n1), all)
               << "tile [" << m0 << ", " << m1 << ") x [" << n0 << ", " << n1 << ")";
         }
-  // Tile ranges: exactly the tiles of each width that tile_fully_visible accepts (tiles may reach past either
-  // sequence, as a kernel's last tile does).
-  for (int w = 1; w <= 4; ++w) {
-    for (int m0 = 0; m0 < cfg.sq; ++m0)
-      for (int m1 = m0 + 1; m1 <= cfg.sq + 1; ++m1) {
-        int lo, hi;
-        mask.full_key_tiles(m0, m1, w, lo, hi);
-        for (int t = 0; t * w < cfg.sk + w; ++t)
-          ASSERT_EQ(t >= lo && t < hi, mask.tile_fully_visible(m0, m1, t * w, (t + 1) * w))
-              << "rows [" << m0 << ", " << m1 << ") key tile " << t << " of width " << w;
-      }
-    for (int n0 = 0; n0 < cfg.sk; ++n0)
-      for (int n1 = n0 + 1; n1 <= cfg.sk + 1; ++n1) {
-        int lo, hi;
-        mask.full_query_tiles(n0, n1, w, lo, hi);
-        for (int t = 0; t * w < cfg.sq + w; ++t)
-          ASSERT_EQ(t >= lo && t < hi, mask.tile_fully_visible(t * w, (t + 1) * w, n0, n1))
-              << "keys [" << n0 << ", " << n1 << ") query tile " << t << " of height " << w;
-      }
-  }
+  // Tile ranges: among the tiles [first, last) a kernel visits, exactly those of each width that
+  // tile_fully_visible accepts (tiles may reach past either sequence, as a kernel's last tile does); an empty range
+  // comes back as lo = hi = first.
+  auto check_range = [](int lo, int hi, int first, int last, auto full) {
+    if (hi <= lo) return ::testing::AssertionResult(lo == first && hi == first) << "empty range not at first";
+    if (lo < first || hi > last) return ::testing::AssertionFailure() << "[" << lo << ", " << hi << ") outside";
+    for (int t = first; t < last; ++t)
+      if ((t >= lo && t < hi) != full(t)) return ::testing::AssertionFailure() << "tile " << t;
+    return ::testing::AssertionSuccess();
+  };
+  int const windows[][2] = {{0, 64}, {1, 3}, {2, 2}, {0, 1}};
+  for (int w = 1; w <= 4; ++w)
+    for (auto const& win : windows) {
+      int const first = win[0], last = win[1];
+      for (int m0 = 0; m0 < cfg.sq; ++m0)
+        for (int m1 = m0 + 1; m1 <= cfg.sq + 1; ++m1) {
+          int lo, hi;
+          mask.full_key_tiles(m0, m1, w, first, last, lo, hi);
+          ASSERT_TRUE(check_range(lo, hi, first, last,
+                                  [&](int t) { return mask.tile_fully_visible(m0, m1, t * w, (t + 1) * w); }))
+              << "rows [" << m0 << ", " << m1 << "), key tiles of width " << w << " in [" << first << ", " << last
+              << ")";
+        }
+      for (int n0 = 0; n0 < cfg.sk; ++n0)
+        for (int n1 = n0 + 1; n1 <= cfg.sk + 1; ++n1) {
+          int lo, hi;
+          mask.full_query_tiles(n0, n1, w, first, last, lo, hi);
+          ASSERT_TRUE(check_range(lo, hi, first, last,
+                                  [&](int t) { return mask.tile_fully_visible(t * w, (t + 1) * w, n0, n1); }))
+              << "keys [" << n0 << ", " << n1 << "), query tiles of height " << w << " in [" << first << ", "
+              << last << ")";
+        }
+    }
   for (int m0 = 0; m0 < cfg.sq; ++m0) {
     ASSERT_FALSE(mask.tile_fully_visible(m0, cfg.sq + 1, 0, std::max(cfg.sk, 1)));
     ASSERT_FALSE(mask.tile_fully_visible(m0, cfg.sq, 0, cfg.sk + 1));
