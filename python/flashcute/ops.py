@@ -198,26 +198,33 @@ def _(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, *args = inputs
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.args = args
-    ctx.set_materialize_grads(False)  # an unused out or lse arrives as None (dlse None -> NULL in C)
+def _register_autograd(forward_op, backward_op, num_seq_tensors):
+    """Autograd for a forward op whose inputs are q, k, v, then num_seq_tensors sequence tensors (varlen offsets,
+    passed through), then scalars ending with deterministic; backward_op takes (dout, dlse, q, k, v, out, lse,
+    *sequence tensors, *scalars)."""
+
+    def setup_context(ctx, inputs, output):
+        n = 3 + num_seq_tensors
+        ctx.save_for_backward(*inputs[:n], *output)
+        ctx.args = inputs[n:]
+        ctx.set_materialize_grads(False)  # an unused out or lse arrives as None (dlse None -> NULL in C)
+
+    def backward(ctx, dout, dlse):
+        q, k, v, *seq, out, lse = ctx.saved_tensors
+        no_grads = (None,) * (num_seq_tensors + len(ctx.args))
+        if dout is None and dlse is None:
+            return (None,) * 3 + no_grads
+        if dout is None:
+            dout = torch.zeros_like(out)
+        *args, deterministic = ctx.args
+        deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+        dq, dk, dv = backward_op(dout, dlse, q, k, v, out, lse, *seq, *args, deterministic)
+        return (dq, dk, dv) + no_grads
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
 
 
-def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    if dout is None and dlse is None:
-        return (None,) * 9
-    if dout is None:
-        dout = torch.zeros_like(out)
-    scale, causal, window_left, window_right, softcap, deterministic = ctx.args
-    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
-    dq, dk, dv = bwd(dout, dlse, q, k, v, out, lse, scale, causal, window_left, window_right, softcap, deterministic)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-fwd.register_autograd(_backward, setup_context=_setup_context)
+_register_autograd(fwd, bwd, 0)
 
 
 # Variable length: sequences packed along the rows. q (total_q, H, D), k/v (total_k, Hkv, D/Dv), int32
@@ -351,24 +358,4 @@ def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, soft
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *args = inputs
-    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *output)
-    ctx.args = args
-    ctx.set_materialize_grads(False)
-
-
-def _varlen_backward(ctx, dout, dlse):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, lse = ctx.saved_tensors
-    if dout is None and dlse is None:
-        return (None,) * 12
-    if dout is None:
-        dout = torch.zeros_like(out)
-    scale, causal, window_left, window_right, softcap, deterministic = ctx.args
-    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
-    dq, dk, dv = varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, scale, causal,
-                            window_left, window_right, softcap, deterministic)
-    return (dq, dk, dv) + (None,) * 9
-
-
-varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+_register_autograd(varlen_fwd, varlen_bwd, 3)
