@@ -41,6 +41,7 @@ def loss_of(out, lse):
 def per_sequence(q, k, v, cu_q, cu_k, seqused, causal, window):
     """The same attention through flash_attn_func, one sequence at a time; (out, lse) packed like varlen's."""
     outs, lses = [], []
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     for b in range(cu_q.numel() - 1):
         q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
         if seqused is not None:
@@ -48,9 +49,8 @@ def per_sequence(q, k, v, cu_q, cu_k, seqused, causal, window):
         if q1 == q0:
             continue
         if k1 == k0:  # no key at all: out 0, lse -inf, no gradient
-            outs.append(torch.zeros_like(q[q0:q1, :, :v.shape[2]]) * q[q0:q1].sum())
-            lses.append(torch.full((q.shape[1], q1 - q0), float("-inf"), device=q.device, dtype=torch.float32
-                                   if q.dtype != torch.float64 else torch.float64))
+            outs.append(q.new_zeros((q1 - q0, q.shape[1], v.shape[2])))
+            lses.append(torch.full((q.shape[1], q1 - q0), float("-inf"), device=q.device, dtype=lse_dtype))
             continue
         out, lse = flash_attn_func(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal=causal, window_size=window)
         outs.append(out[0])
