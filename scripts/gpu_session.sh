@@ -3,7 +3,8 @@
 # tests, then a benchmark; logs under ${OUT:-/tmp/flashcute-out}. Environment knobs:
 #   KERNELS  kernel subset regex (default all)      PYTEST_ARGS  extra pytest arguments (default: all tests)
 #   BENCH    bench/run.py arguments, empty to skip  BUILD_ONLY=1 stop after the build
-#   TUNE     kernel config names to time one by one (forced with FLASHCUTE_CONFIG), e.g. sm80_fwd_bf16_hd128_m128n64w8
+#   TUNE     kernel config names to time one by one (forced with FLASHCUTE_CONFIG), e.g. sm80_fwd_bf16_hd128_m128n64w8;
+#            each is timed in its own direction (fwd or bwd, from the name)
 #   PYTEST_TIMEOUT  seconds for the pytest run (default 300)
 #   SANITIZE=1  also run compute-sanitizer memcheck and racecheck on tests/cpp/test_gpu_kernels
 set -uo pipefail
@@ -37,7 +38,8 @@ fi
 for cfg in ${TUNE:-}; do
   hd="$(echo "$cfg" | sed -E 's/.*_hd([0-9]+)_.*/\1/')"
   dt="$(echo "$cfg" | sed -E 's/.*_(bf16|fp16)_.*/\1/')"
-  FLASHCUTE_CONFIG="$cfg" python3 bench/run.py --mode fwd --impl flashcute --dtype "$dt" --hdim "$hd" \
+  mode="$(echo "$cfg" | sed -E 's/.*_(fwd|bwd)_.*/\1/')"
+  FLASHCUTE_CONFIG="$cfg" python3 bench/run.py --mode "$mode" --impl flashcute --dtype "$dt" --hdim "$hd" \
     --seqlen 2k,8k --causal 0,1 --no-plots --no-ceilings --out "$out/tune" 2>&1 |
     grep -E '^ *[0-9]+ +(no|yes)' | sed "s/^/$cfg /" | tee -a "$out/tune.txt"
 done
