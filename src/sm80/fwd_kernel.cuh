@@ -152,22 +152,22 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     if constexpr (kKind == kSoftcapped) apply_softcap(acc_s, p.softcap_prescale);
     if constexpr (kGeneral) apply_mask(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0);
 
+    // V has landed, and every warp is done reading K: prefetch the next K (under the softmax and P.V, or under
+    // P.V only, see FwdTraits::kLateKPrefetch). A partial last tile is never plain, so it is the first general
+    // tile, loaded by the prologue: prefetched tiles are whole and need no row bound.
+    auto prefetch_k = [&]() __attribute__((always_inline)) {
+      cp_async_wait<0>();
+      __syncthreads();
+      if (i + 1 < num_tiles) {
+        copy_tile_zfill(gmem_load, tKgK(_, _, _, tile_of(i + 1)), tKsK, tKVcKV, kBlockN, k_cols);
+        cp_async_fence();
+      }
+    };
+    if constexpr (!T::kLateKPrefetch) prefetch_k();
     softmax.update(acc_s, acc_o, p.scale_log2);
     Tensor rP = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
-
-    // V has landed, and every warp is done reading K: prefetch the next K under P.V. A partial last tile is never
-    // plain, so it is the first general tile, loaded by the prologue: prefetched tiles are whole and need no row
-    // bound. The barrier follows the softmax rather than preceding it because ptxas hoists shared-memory loads up
-    // to the nearest barrier: before the softmax, V's fragments were loaded during the exponentials, on top of
-    // acc_o and the scores, and the kernels spilled (sm_90a: 100 B at hd64, 176 B at hd96, 44 B at hd128 128x32;
-    // none with the barrier here).
-    cp_async_wait<0>();
-    __syncthreads();
-    if (i + 1 < num_tiles) {
-      copy_tile_zfill(gmem_load, tKgK(_, _, _, tile_of(i + 1)), tKsK, tKVcKV, kBlockN, k_cols);
-      cp_async_fence();
-    }
+    if constexpr (T::kLateKPrefetch) prefetch_k();
     gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, smem_load_v);
   };
 

@@ -51,6 +51,13 @@ struct FwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   static_assert(kBlockM % (16 * kWarps) == 0, "each warp owns whole 16-row MMA slabs of the Q tile");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 32 == 0);
 
+  // Where the barrier before the next K prefetch goes: after the softmax (late) or before it. ptxas spills less
+  // with it late, and slows down the large head dims, which do not spill either way (sm_90a, H200, bf16):
+  //   late:  spills hd64 100 -> 0 B, hd96 176 -> 0, hd128 128x32 44 -> 0, 128x64 216 -> 168; speed at hd64 and
+  //          hd128 unchanged within run-to-run noise (bench/RESULTS.md, runs G and H);
+  //   early: hd256 128x64 w8 0.97-1.18x FA2 where late gave 0.85-1.01x (runs H and G).
+  static constexpr bool kLateKPrefetch = kHeadDim_ <= 128;
+
   // Warps split the query rows, so softmax row reductions never leave a warp.
   using TiledMma = TiledMMA<Sm80MmaAtom<Element>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
 
