@@ -30,6 +30,23 @@ CUTE_DEVICE void atomic_add_fragment(G& g, Acc const& acc) {
 #endif
 }
 
+// Adds a float32 dQ fragment into its tile of the accumulator, laid out in fragment order (BwdTraits::dq_frag_offset).
+template <class T, class Acc>
+CUTE_DEVICE void atomic_add_dq_tile(float* tile, Acc const& acc) {
+  static_assert(decltype(size(acc))::value % 2 == 0);
+  int const tid = threadIdx.x;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    float* const dst = tile + T::dq_frag_offset(i, tid);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc(i), acc(i + 1)));
+#else
+    atomicAdd(dst, acc(i));
+    atomicAdd(dst + 1, acc(i + 1));
+#endif
+  }
+}
+
 // A tensor of the given shape with a plain layout, only for sizing register fragments of transposed operands.
 template <class Element, class Shape_>
 CUTE_DEVICE auto shape_tensor(Shape_ const& shape) {
@@ -337,9 +354,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       cp_async_fence();
     }
 
-    float* const dq_acc = dq_slot + bh * p.seqlen_q_rounded * kHeadDim;
-    Tensor mdQacc = make_tensor(make_gmem_ptr(dq_acc), make_shape(p.seqlen_q_rounded, Int<kHeadDim>{}),
-                                make_stride(Int<kHeadDim>{}, _1{}));  // (Sq_rounded, D)
+    float* const dq_tile = dq_slot + (bh * p.seqlen_q_rounded + m0) * kHeadDim;  // this query tile's chunks
     CUTE_UNROLL
     for (int c = 0; c < T::kDqChunks; ++c) {
       Tensor acc_dq = partition_fragment_C(mma_q, tile_dq);  // (MMA, MMA_M, MMA_Dc)
@@ -347,8 +362,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       Tensor sKt_c = local_tile(sKt, Shape<Int<T::kDqCols>, Int<kBlockN>>{}, make_coord(c, 0));  // (Dc, kBlockN)
       Tensor tQsKt = ldsm_q_b.get_thread_slice(tid).partition_S(sKt_c);
       gemm_ss(acc_dq, tQrdS, tQrKt, tQsdS, tQsKt, mma_q, ldsm_q_a, ldsm_q_b);
-      Tensor tdQgdQ = q_thr.partition_C(local_tile(mdQacc, tile_dq, make_coord(m, c)));  // (MMA, MMA_M, MMA_Dc)
-      atomic_add_fragment(tdQgdQ, acc_dq);
+      atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);
     }
     if constexpr (kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
   };

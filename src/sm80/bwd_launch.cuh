@@ -1,5 +1,6 @@
 // Definition of the portable backward launcher; instantiated once per config by the generated .cu files.
-// Three kernels on one stream: preprocess (row terms, zeroed workspace), the mainloop, postprocess (conversion).
+// Kernels on one stream: preprocess (row terms, zeroed workspace), the mainloop, dQ conversion, and for GQA without
+// determinism the dK/dV conversion.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,9 +42,12 @@ int run_bwd(BwdKernelParams const& p, void* stream_ptr) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  int const post_rows = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
-  dim3 const post_grid((post_rows + kRows - 1) / kRows, p.nheads, p.batch);
-  bwd_postprocess_kernel<Element><<<post_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
+  dim3 const dq_grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.nheads, p.batch);
+  bwd_convert_dq_kernel<T><<<dq_grid, T::kThreads, 0, stream>>>(p);
+  if (p.nheads != p.nheads_kv && !p.deterministic) {  // GQA's dk/dv were added into float32 accumulators
+    dim3 const kv_grid((p.seqlen_k + kRows - 1) / kRows, p.nheads_kv, p.batch);
+    bwd_postprocess_kernel<Element><<<kv_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

@@ -79,6 +79,15 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr int kDqChunks = kBlockM * kHeadDim / kThreads > 32 && (kHeadDim / 2) % 64 == 0 ? 2 : 1;
   static constexpr int kDqCols = kHeadDim / kDqChunks;
 
+  // The float32 dQ accumulator holds each (kBlockM, kDqCols) tile of a (batch, head) in the dQ MMA's fragment
+  // order: pair j (elements 2j, 2j+1) of thread t at 2 * (j * kThreads + t) + {0, 1}. A warp's atomic add then
+  // covers 256 contiguous bytes (2 L2 requests of 4 sectors) where the row-major tile took 8 one-sector requests;
+  // ncu (hd128, 8k) showed 4x FA2's L2 reduction requests and MIO-throttle stalls at those adds. The tiles follow
+  // one another in (query tile, chunk) order, so a (batch, head) keeps its seqlen_q_rounded x kHeadDim floats.
+  CUTE_HOST_DEVICE static constexpr int dq_frag_offset(int i, int thread) {
+    return 2 * ((i / 2) * kThreads + thread) + i % 2;
+  }
+
   using TiledMmaSdP = typename BwdMma<Element, kBlockM, kBlockN, kWarps>::type;   // S = Q K^T, dP = dO V^T
   using TiledMmaKV = typename BwdMma<Element, kBlockN, kHeadDim, kWarps>::type;   // dV = P^T dO, dK = dS^T Q
   using TiledMmaQ = typename BwdMma<Element, kBlockM, kDqCols, kWarps>::type;     // dQ = dS K, one chunk
