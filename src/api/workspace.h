@@ -11,8 +11,8 @@ struct BwdWorkspace {
   static constexpr int kRowAlign = 128;  // every block_m/block_n of the backward divides this
   // Deterministic mode: dq_slots CTAs per (batch, head) grid column; CTA s walks key tiles s, s + slots, ... and
   // adds dQ only into accumulator slot s, so every slot sees its additions in one program order and no CTA ever
-  // waits for another. The postprocess sums the slots in a fixed order. choose_dq_slots() picks the count that
-  // keeps the GPU busiest; each slot costs one dQ-sized float32 buffer, so at most kMaxDqSlots.
+  // waits for another. The dQ conversion kernel sums the slots in a fixed order. choose_dq_slots() picks the count
+  // that keeps the GPU busiest; each slot costs one dQ-sized float32 buffer, so at most kMaxDqSlots.
   static constexpr int kMaxDqSlots = 16;
 
   // The slot count s in [1, min(key tiles, kMaxDqSlots)] that wastes least: columns * s CTAs run in whole waves

@@ -52,7 +52,7 @@ struct BwdKernelParams : FwdKernelParams {
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
 
   // Workspace carved by the launch code (see src/api/workspace).
-  float* dq_accum;      // (slots, batch, nheads, seqlen_q_rounded * head_dim_rounded): tiles in the kernel's fragment order
+  float* dq_accum;      // (slots, batch, nheads, seqlen_q_rounded * head_dim_rounded), tiles in fragment order
   float* dsoftmax_sum;  // D_i = rowsum(dO * O)_i - dlse_i, (batch, nheads, seqlen_q_rounded)
   float* lse_log2;      // lse * log2(e) with -inf rows mapped to +inf so exp2 gives 0, same layout as dsoftmax_sum
   float* dk_accum;      // GQA only: (batch, seqlen_k_rounded, nheads_kv, head_dim_rounded) float32
