@@ -119,6 +119,18 @@ CUTE_DEVICE void copy_tile_bounded(TiledCopy const& copy, S const& src, D& dst, 
   }
 }
 
+// Shared -> global copy of a whole tile through registers, with the gmem store's vectors, writing only the rows <
+// max_row and columns < max_col (epilogues: O, dK, dV, dQ).
+template <class TiledCopy, class S, class G, class Shape>
+CUTE_DEVICE void store_tile(TiledCopy const& copy, S const& smem, G gmem, Shape shape, int max_row, int max_col) {
+  auto thr = copy.get_thread_slice(int(threadIdx.x));
+  Tensor src = thr.partition_S(smem);
+  Tensor dst = thr.partition_D(gmem);
+  Tensor regs = make_fragment_like(src);
+  cute::copy(copy, src, regs);
+  copy_tile_bounded(copy, regs, dst, thr.partition_D(make_identity_tensor(shape)), max_row, max_col);
+}
+
 // tanh for the softcap, from one exp2 (~1e-7 relative), in the forward and the backward alike: the backward
 // recomputes P against the forward's lse, so both must round the capped scores the same way. tanh.approx.f32
 // (~5e-4) in the backward pushed the fp16 softcap dq error past 2x plain PyTorch's. The forward once used

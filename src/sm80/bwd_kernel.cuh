@@ -14,37 +14,32 @@
 
 namespace flashcute::sm80 {
 
-// g += acc for a float32 accumulator fragment and its gmem partition (same layout), with atomics.
+// dst[0] += a, dst[1] += b: one 8-byte vector reduction on sm_90+, two scalar ones before.
+CUTE_DEVICE void atomic_add_pair(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+// g += acc for a float32 accumulator fragment and its gmem partition (same layout), with atomics. Elements 2i,
+// 2i+1 of an SM80 accumulator are neighbouring columns, so they go as one pair.
 template <class G, class Acc>
 CUTE_DEVICE void atomic_add_fragment(G& g, Acc const& acc) {
   static_assert(decltype(size(acc))::value % 2 == 0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Elements 2i, 2i+1 of an SM80 accumulator are neighbouring columns: one 8-byte vector reduction for both.
   static_assert(decltype(stride<0, 0>(g.layout()))::value == 1);
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2)
-    atomicAdd(reinterpret_cast<float2*>(&g(i)), make_float2(acc(i), acc(i + 1)));
-#else
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) atomicAdd(&g(i), acc(i));
-#endif
+  for (int i = 0; i < size(acc); i += 2) atomic_add_pair(&g(i), acc(i), acc(i + 1));
 }
 
 // Adds a float32 dQ fragment into its tile of the accumulator, laid out in fragment order (BwdTraits::dq_frag_offset).
 template <class T, class Acc>
 CUTE_DEVICE void atomic_add_dq_tile(float* tile, Acc const& acc) {
   static_assert(decltype(size(acc))::value % 2 == 0);
-  int const tid = threadIdx.x;
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {
-    float* const dst = tile + T::dq_frag_offset(i, tid);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc(i), acc(i + 1)));
-#else
-    atomicAdd(dst, acc(i));
-    atomicAdd(dst + 1, acc(i + 1));
-#endif
-  }
+  for (int i = 0; i < size(acc); i += 2) atomic_add_pair(tile + T::dq_frag_offset(i, threadIdx.x), acc(i), acc(i + 1));
 }
 
 // A tensor of the given shape with a plain layout, only for sizing register fragments of transposed operands.
@@ -411,26 +406,15 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor gdK = local_tile(mdK, tile_kv, make_coord(n_block, 0));  // (kBlockN, D)
   Tensor gdV = local_tile(mdV, tile_kv, make_coord(n_block, 0));  // (kBlockN, Dv)
 
-  typename T::GmemStore gmem_store;
-  auto gst_thr = gmem_store.get_thread_slice(tid);
-  Tensor tdKsK = gst_thr.partition_S(sK);  // (CPY, CPY_N, CPY_D)
-  Tensor tdVsV = gst_thr.partition_S(sV);
-  Tensor tdKgdK = gst_thr.partition_D(gdK);
-  Tensor tdVgdV = gst_thr.partition_D(gdV);
-  Tensor tdKVc = gst_thr.partition_D(make_identity_tensor(tile_kv));
-  Tensor tdKr = make_fragment_like(tdKsK);
-  Tensor tdVr = make_fragment_like(tdVsV);
-  cute::copy(gmem_store, tdKsK, tdKr);
-  cute::copy(gmem_store, tdVsV, tdVr);
-  copy_tile_bounded(gmem_store, tdKr, tdKgdK, tdKVc, key_rows - n0, p.head_dim);
-  copy_tile_bounded(gmem_store, tdVr, tdVgdV, tdKVc, key_rows - n0, p.head_dim_v);
+  store_tile(typename T::GmemStore{}, sK, gdK, tile_kv, key_rows - n0, p.head_dim);
+  store_tile(typename T::GmemStore{}, sV, gdV, tile_kv, key_rows - n0, p.head_dim_v);
 }
 
 // Grid: (key tiles, or dq_slots in deterministic mode; nheads, or nheads_kv for deterministic GQA; batch).
 // Default: one key tile per CTA, every CTA adding dQ into the one accumulator with atomics (their order varies).
 // Deterministic: CTA s of a column walks key tiles s, s + slots, ... and adds only into slot s. The dQ fragment of
 // a query tile maps to the same threads for every key tile, so each float is added to by one thread in program
-// order (same-address atomics of one thread are ordered), and the postprocess sums the slots in slot order.
+// order (same-address atomics of one thread are ordered), and bwd_convert_dq_kernel sums the slots in order.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
   int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;

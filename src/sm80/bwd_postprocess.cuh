@@ -86,14 +86,8 @@ __global__ void __launch_bounds__(T::kThreads) bwd_convert_dq_kernel(__grid_cons
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   Tensor mdQ = make_tensor(make_gmem_ptr(dq), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                            make_stride(p.dq_row_stride, _1{}));  // (Sq, D)
-  typename T::GmemStore gmem_store;
-  auto gst_thr = gmem_store.get_thread_slice(tid);
-  Tensor tsdQ = gst_thr.partition_S(sdQ);
-  Tensor tgdQ = gst_thr.partition_D(local_tile(mdQ, tile_q, make_coord(blockIdx.x, 0)));
-  Tensor tcdQ = gst_thr.partition_D(make_identity_tensor(tile_q));
-  Tensor trdQ = make_fragment_like(tsdQ);
-  cute::copy(gmem_store, tsdQ, trdQ);
-  copy_tile_bounded(gmem_store, trdQ, tgdQ, tcdQ, seq.seqlen_q - m0, p.head_dim);
+  store_tile(typename T::GmemStore{}, sdQ, local_tile(mdQ, tile_q, make_coord(blockIdx.x, 0)), tile_q,
+             seq.seqlen_q - m0, p.head_dim);
 }
 
 // dk, dv of GQA without determinism. Grid: (ceil(seqlen_k / kRows), nheads_kv, batch).

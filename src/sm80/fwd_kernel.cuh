@@ -190,14 +190,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   cute::copy(smem_store_o, store_thr.retile_S(rO), store_thr.partition_D(sO));
   __syncthreads();
 
-  typename T::GmemStore gmem_store;
-  auto gst_thr = gmem_store.get_thread_slice(tid);
-  Tensor tOsO = gst_thr.partition_S(sO);
-  Tensor tOgO = gst_thr.partition_D(gO);
-  Tensor tOcO = gst_thr.partition_D(make_identity_tensor(tile_q));
-  Tensor tOrO = make_fragment_like(tOsO);
-  cute::copy(gmem_store, tOsO, tOrO);
-  copy_tile_bounded(gmem_store, tOrO, tOgO, tOcO, seq.seqlen_q - m0, p.head_dim_v);
+  store_tile(typename T::GmemStore{}, sO, gO, tile_q, seq.seqlen_q - m0, p.head_dim_v);
 
   if (p.lse) {
     Tensor cO = mma_thr.partition_C(make_identity_tensor(tile_q));
