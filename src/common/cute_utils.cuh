@@ -40,36 +40,71 @@ CUTE_DEVICE auto convert_to(Tensor<Engine, Layout> const& t) {
   return out;
 }
 
-// acc += A * B with both operands streamed from shared memory one k-slice ahead of the MMAs.
-template <class Acc, class RA, class RB, class SA, class SB, class TiledMma, class CopyA, class CopyB>
-CUTE_DEVICE void gemm_ss(Acc& acc, RA& rA, RB& rB, SA const& sA, SB const& sB, TiledMma const& mma,
-                         CopyA const& copy_a, CopyB const& copy_b) {
-  auto rA_view = copy_a.get_slice(threadIdx.x).retile_D(rA);
+// How far ahead of its MMAs the B operand of a GEMM is loaded from shared memory: a whole k-slice, or one
+// ldmatrix copy (two n-tiles). A copy ahead holds fewer operand registers: the choice is per kernel config, by
+// measured spills (see FwdTraits::kStreamB).
+enum class Prefetch { kSlice, kCopy };
+
+// acc += A * B, B streamed from shared memory by copy_b; load_a(k) brings A's k-slice into registers (a no-op when
+// A is already there), one slice ahead of the MMAs.
+template <Prefetch kB, class Acc, class RA, class RB, class SB, class TiledMma, class CopyB, class LoadA>
+CUTE_DEVICE void gemm_b_streamed(Acc& acc, RA const& rA, RB& rB, SB const& sB, TiledMma const& mma,
+                                 CopyB const& copy_b, LoadA&& load_a) {
   auto rB_view = copy_b.get_slice(threadIdx.x).retile_D(rB);
-  CUTE_STATIC_ASSERT_V(size<1>(sA) == size<1>(rA_view));  // M
   CUTE_STATIC_ASSERT_V(size<1>(sB) == size<1>(rB_view));  // N
-  cute::copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{}));
-  cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(rA); ++k) {
-    if (k + 1 < size<2>(rA)) {
-      cute::copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
-      cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+  constexpr int kSlices = decltype(size<2>(rA))::value;
+  load_a(_0{});
+  if constexpr (kB == Prefetch::kSlice) {
+    cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
+    CUTE_UNROLL
+    for (int k = 0; k < kSlices; ++k) {
+      if (k + 1 < kSlices) {
+        load_a(k + 1);
+        cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+      }
+      cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
     }
-    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  } else {
+    constexpr int kCopies = decltype(size<1>(rB_view))::value;
+    constexpr int kPerCopy = decltype(size<1>(rB))::value / kCopies;  // n-tiles one copy fills
+    // Copy c of a slice fills n-tiles [c * kPerCopy, (c + 1) * kPerCopy) of it.
+    CUTE_STATIC_ASSERT_V(rB_view.layout()(_0{}, _1{}, _0{}) == rB.layout()(_0{}, Int<kPerCopy>{}, _0{}));
+    cute::copy(copy_b, sB(_, _0{}, _0{}), rB_view(_, _0{}, _0{}));
+    CUTE_UNROLL
+    for (int k = 0; k < kSlices; ++k) {
+      cute::for_each(make_int_sequence<kCopies>{}, [&](auto c) {
+        if constexpr (c + 1 < kCopies) {
+          cute::copy(copy_b, sB(_, c + 1, k), rB_view(_, c + 1, k));
+        } else if (k + 1 < kSlices) {
+          load_a(k + 1);
+          cute::copy(copy_b, sB(_, _0{}, k + 1), rB_view(_, _0{}, k + 1));
+        }
+        CUTE_UNROLL
+        for (int j = c * kPerCopy; j < (c + 1) * kPerCopy; ++j) {
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(rA); ++m) {
+            cute::gemm(mma, acc(_, m, j), rA(_, m, k), rB(_, j, k), acc(_, m, j));
+          }
+        }
+      });
+    }
   }
 }
 
+// acc += A * B with both operands streamed from shared memory.
+template <Prefetch kB = Prefetch::kSlice, class Acc, class RA, class RB, class SA, class SB, class TiledMma,
+          class CopyA, class CopyB>
+CUTE_DEVICE void gemm_ss(Acc& acc, RA& rA, RB& rB, SA const& sA, SB const& sB, TiledMma const& mma,
+                         CopyA const& copy_a, CopyB const& copy_b) {
+  auto rA_view = copy_a.get_slice(threadIdx.x).retile_D(rA);
+  CUTE_STATIC_ASSERT_V(size<1>(sA) == size<1>(rA_view));  // M
+  gemm_b_streamed<kB>(acc, rA, rB, sB, mma, copy_b, [&](auto k) { cute::copy(copy_a, sA(_, _, k), rA_view(_, _, k)); });
+}
+
 // acc += A * B with A already in registers (e.g. P) and B streamed from shared memory.
-template <class Acc, class RA, class RB, class SB, class TiledMma, class CopyB>
+template <Prefetch kB = Prefetch::kSlice, class Acc, class RA, class RB, class SB, class TiledMma, class CopyB>
 CUTE_DEVICE void gemm_rs(Acc& acc, RA const& rA, RB& rB, SB const& sB, TiledMma const& mma, CopyB const& copy_b) {
-  auto rB_view = copy_b.get_slice(threadIdx.x).retile_D(rB);
-  cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(rA); ++k) {
-    if (k + 1 < size<2>(rA)) cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
-    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
-  }
+  gemm_b_streamed<kB>(acc, rA, rB, sB, mma, copy_b, [](auto) {});
 }
 
 // Coordinates for the predicates of copy_tile_zfill / copy_tile_bounded, split as TileCoords splits the MMA tiles'

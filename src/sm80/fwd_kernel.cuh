@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV, tKVcKV, v_rows, v_cols);
     cp_async_fence();
 
-    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, smem_load_q, smem_load_k);
+    gemm_ss<T::kStreamB>(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, smem_load_q, smem_load_k);
     if constexpr (kKind == kSoftcapped) apply_softcap(acc_s, p.softcap_prescale);
     if constexpr (kGeneral) apply_mask(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0);
 
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     Tensor rP = convert_to<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
     if constexpr (T::kLateKPrefetch) prefetch_k();
-    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, mma, smem_load_v);
+    gemm_rs<T::kStreamB>(acc_o, tOrP, tOrVt, tOsVt, mma, smem_load_v);
   };
 
   if (p.softcap_prescale != 0.f) {

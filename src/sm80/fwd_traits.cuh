@@ -6,6 +6,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/cute_utils.cuh"
 #include "sm80/fwd_launch.h"
 
 namespace flashcute::sm80 {
@@ -57,6 +58,12 @@ struct FwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   //          hd128 unchanged within run-to-run noise (bench/RESULTS.md, runs G and H);
   //   early: hd256 128x64 w8 0.97-1.18x FA2 where late gave 0.85-1.01x (runs H and G).
   static constexpr bool kLateKPrefetch = kHeadDim_ <= 128;
+
+  // How far ahead the B operands of both GEMMs are loaded (common/cute_utils.cuh), by measured ptxas spills (nvcc
+  // 13.0, bf16 and fp16): hd128 128x32 spills 4 B on sm_80 with a k-slice ahead and nothing on sm_80, sm_90a or
+  // sm_120 with one copy ahead; hd128 128x64 spills either way (168 -> 200 B on sm_90a, 208 B on sm_80 with a copy
+  // ahead), and the other head dims are spill-free with a slice ahead only (a copy ahead: hd256 128x64 w8 36 B).
+  static constexpr Prefetch kStreamB = kHeadDim_ == 128 && kBlockN_ == 32 ? Prefetch::kCopy : Prefetch::kSlice;
 
   // Warps split the query rows, so softmax row reductions never leave a warp.
   using TiledMma = TiledMMA<Sm80MmaAtom<Element>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
