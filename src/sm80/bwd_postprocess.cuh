@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(T::kThreads) bwd_convert_dq_kernel(__grid_cons
   auto sts_thr = sts.get_thread_slice(tid);
   Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_raw)), typename T::SmemLayoutQ{});
   auto tile_dq = Shape<Int<kBlockM>, Int<T::kDqCols>>{};
-  CUTE_UNROLL
+  CUTE_NO_UNROLL
   for (int c = 0; c < T::kDqChunks; ++c) {
     Tensor acc = partition_fragment_C(mma_q, tile_dq);  // (MMA, MMA_M, MMA_Dc)
     float const* const chunk = tile + c * kBlockM * T::kDqCols;

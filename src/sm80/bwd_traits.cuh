@@ -74,9 +74,13 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr bool kDoubleBufferQ = bwd_double_buffer_q(kHeadDim, kBlockM, kBlockN);
   static constexpr int kQStages = kDoubleBufferQ ? 2 : 1;
 
-  // dQ = dS K is produced in column chunks when a whole (kBlockM, D) accumulator would cost more than 32 registers
-  // per thread on top of the live dK/dV accumulators (hd256: 64 -> 2 x 32, which removed the spills there).
-  static constexpr int kDqChunks = kBlockM * kHeadDim / kThreads > 32 && (kHeadDim / 2) % 64 == 0 ? 2 : 1;
+  // dQ = dS K is produced in column chunks (whole 64-column swizzle atoms of K) when a whole (kBlockM, D)
+  // accumulator would cost more than 32 registers per thread on top of the live dK/dV accumulators; hd256 takes
+  // four chunks of 64. Measured ptxas spills (sm_90a, nvcc 13.0): hd256 64x64 w8 188 B with two chunks, 48 B with
+  // four; 32x32 w4 60 -> 32 B. Two chunks at hd128 64x128 (32 -> 16 registers) raised its spills from 52 to 72 B.
+  static constexpr int kDqChunks = kHeadDim == 256                                                   ? 4
+                                   : kBlockM * kHeadDim / kThreads > 32 && (kHeadDim / 2) % 64 == 0 ? 2
+                                                                                                    : 1;
   static constexpr int kDqCols = kHeadDim / kDqChunks;
 
   // The float32 dQ accumulator holds each (kBlockM, kDqCols) tile of a (batch, head) in the dQ MMA's fragment
