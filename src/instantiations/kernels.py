@@ -22,7 +22,7 @@ FWD_SM80 = [
     # hd128: 128x64 measured best (287-296) against 128x32 (275-295), 64x64 (270-278), 128x64 with 8 warps
     # (242-251) and 128x128 with 8 warps (252-259), despite ptxas spills (sizes in bench/RESULTS.md). Run G
     # again: 128x64 301-369 TFLOP/s (168 B of spills), spill-free 128x32 272-334, 8-10% slower. Run L (128x32
-    # loading B one copy ahead, spill-free on every target): 4-13% slower non-causal; RESULTS.md has the smem model.
+    # loading B one copy ahead, spill-free on every target): 8-16% slower; RESULTS.md has the smem model.
     ("sm80", "fwd", 128, 128, 64, 4, 2, 2, "64 KB: two CTAs on 163/227 KB parts"),
     ("sm80", "fwd", 128, 128, 32, 4, 2, 1, "48 KB: two CTAs on 99 KB parts"),
     ("sm80", "fwd", 192, 128, 64, 8, 1, 2, "96 KB, 8 warps"),
