@@ -78,7 +78,7 @@ flashcute_status_t choose_config(flashcute_direction_t dir, flashcute_fwd_params
   arch::Profile const* profile = nullptr;
   if (auto s = current_profile(&profile, device_sm)) return s;
   std::string why;
-  *cfg = select_config(problem_of(dir, p), *profile, &why, std::getenv("FLASHCUTE_CONFIG"));
+  *cfg = select_config(problem_of(dir, p), *profile, &why, std::getenv("FLASHCUTE_CONFIG"), config_built);
   if (!*cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
   return FLASHCUTE_SUCCESS;
 }

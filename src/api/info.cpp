@@ -62,13 +62,12 @@ flashcute_status_t flashcute_explain(flashcute_direction_t direction, flashcute_
   int const hd = (int)(params->head_dim > params->head_dim_v ? params->head_dim : params->head_dim_v);
   std::string why;
   KernelConfig const* c = select_config(Problem{direction, params->dtype, hd}, *profile, &why,
-                                        sm > 0 ? nullptr : std::getenv("FLASHCUTE_CONFIG"));
+                                        sm > 0 ? nullptr : std::getenv("FLASHCUTE_CONFIG"), config_built);
   std::string text = std::string(profile->name) + " (" + origin + "), " +
                      (direction == FLASHCUTE_FORWARD ? "forward" : "backward") + ", head_dim " + std::to_string(hd) +
                      ": ";
   if (!c) return copy_out(text + why, buffer, buffer_size);
-  bool const built = direction == FLASHCUTE_FORWARD ? find_fwd_launcher(c->name) != nullptr
-                                                    : find_bwd_launcher(c->name) != nullptr;
+  bool const built = config_built(*c);
   text += std::string(c->name) + " (tile " + std::to_string(c->block_m) + "x" + std::to_string(c->block_n) + ", " +
           std::to_string(c->warps) + " warps, " + std::to_string(c->smem_bytes / 1024) + " KB smem, sized for " +
           std::to_string(c->ctas_per_sm) + " CTA/SM), " + (built ? "built" : "NOT built in this binary");

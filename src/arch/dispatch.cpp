@@ -13,7 +13,7 @@ bool config_fits(KernelConfig const& cfg, arch::Profile const& p) {
 }
 
 KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why,
-                                  char const* forced) {
+                                  char const* forced, bool (*built)(KernelConfig const&)) {
   int count = 0;
   KernelConfig const* table = all_configs(&count);
   if (forced && *forced) {
@@ -33,7 +33,12 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
       return nullptr;
     }
   }
+  // Smallest covering head dim first (less padding), then the config's declared priority.
+  auto better = [](KernelConfig const& c, KernelConfig const* than) {
+    return !than || c.head_dim < than->head_dim || (c.head_dim == than->head_dim && c.priority > than->priority);
+  };
   KernelConfig const* best = nullptr;
+  KernelConfig const* best_built = nullptr;
   bool any_head_dim = false;
   for (int i = 0; i < count; ++i) {
     KernelConfig const& c = table[i];
@@ -41,9 +46,8 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
     if (c.head_dim < problem.head_dim) continue;
     any_head_dim = true;
     if (!config_fits(c, p)) continue;
-    // Smallest covering head dim first (less padding), then the config's declared priority.
-    if (!best || c.head_dim < best->head_dim || (c.head_dim == best->head_dim && c.priority > best->priority))
-      best = &c;
+    if (better(c, best)) best = &c;
+    if ((!built || built(c)) && better(c, best_built)) best_built = &c;
   }
   if (!best && why) {
     *why = std::string("unsupported: no ") + (problem.direction == FLASHCUTE_FORWARD ? "forward" : "backward") +
@@ -51,7 +55,7 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
            (any_head_dim ? " fits the " + std::string(p.name) + " profile (capabilities or shared memory)"
                          : " exists (supported head dims are multiples of 8 up to 256)");
   }
-  return best;
+  return best_built ? best_built : best;
 }
 
 }  // namespace flashcute

@@ -19,8 +19,10 @@ bool config_fits(KernelConfig const& cfg, arch::Profile const& p);
 
 // The chosen config, or null with a reason ("unsupported: ...") in *why. forced (FLASHCUTE_CONFIG, for tuning)
 // names one config of the table to use instead of the best; it is ignored for the other direction, and refused
-// when it does not serve the problem or fit the profile.
+// when it does not serve the problem or fit the profile. built, when given, says which configs this build
+// compiled: the best of those wins (a build without sm_90a runs the portable kernels on Hopper), and only when
+// none fits is the best unbuilt one returned, for the caller to report.
 KernelConfig const* select_config(Problem const& problem, arch::Profile const& p, std::string* why,
-                                  char const* forced = nullptr);
+                                  char const* forced = nullptr, bool (*built)(KernelConfig const&) = nullptr);
 
 }  // namespace flashcute

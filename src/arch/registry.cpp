@@ -37,6 +37,9 @@ KernelConfig const* all_configs(int* count) {
 
 FwdLaunchFn find_fwd_launcher(char const* name) { return find(kFwd, name); }
 BwdLaunchFn find_bwd_launcher(char const* name) { return find(kBwd, name); }
+bool config_built(KernelConfig const& cfg) {
+  return cfg.direction == FLASHCUTE_FORWARD ? find(kFwd, cfg.name) != nullptr : find(kBwd, cfg.name) != nullptr;
+}
 
 char const* kernel_subset() { return FLASHCUTE_KERNEL_SUBSET; }
 char const* compiled_targets() { return FLASHCUTE_CUDA_TARGETS; }

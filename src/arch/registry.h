@@ -37,6 +37,7 @@ using FwdLaunchFn = int (*)(FwdKernelParams const&, void* stream);
 using BwdLaunchFn = int (*)(BwdKernelParams const&, void* stream);
 FwdLaunchFn find_fwd_launcher(char const* name);
 BwdLaunchFn find_bwd_launcher(char const* name);
+bool config_built(KernelConfig const& cfg);  // whether this build has cfg's launch function
 
 char const* kernel_subset();     // the FLASHCUTE_KERNELS value this build used
 char const* compiled_targets();  // the CUDA targets this build compiled for, e.g. "80;90a;120"

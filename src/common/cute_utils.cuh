@@ -11,22 +11,36 @@ namespace flashcute {
 
 using namespace cute;
 
-// An SM80 accumulator ((2 cols, 2 rows), MMA_M, MMA_N) seen as (rows, cols): ((2, MMA_M), (2, MMA_N)).
+// An MMA accumulator seen as (rows, cols). SM80 m16n8: ((2 cols, 2 rows), MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)).
+// SM90 wgmma m64nN: ((2 cols, 2 rows, N / 8 col groups), MMA_M, MMA_N) -> ((2, MMA_M), (2, N / 8, MMA_N)). In both,
+// the four threads of a quad hold the same rows.
 template <class Layout>
 CUTE_HOST_DEVICE constexpr auto acc_as_rowcol(Layout const& acc) {
   static_assert(decltype(rank(acc))::value == 3);
-  auto l = logical_divide(acc, Shape<_2>{});
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+  if constexpr (decltype(rank<0>(acc))::value == 3) {
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+  } else {
+    auto l = logical_divide(acc, Shape<_2>{});
+    return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+  }
 }
 
-// An SM80 m16n8k16 accumulator reused as the A operand of the next GEMM: two n8 atoms form one k16 slice,
-// ((4), MMA_M, MMA_N) -> ((4, 2), MMA_M, MMA_N / 2).
+// A 16-bit accumulator reused as the A operand of the next GEMM (P in P.V). SM80: two n8 atoms form one k16 slice,
+// ((4), MMA_M, MMA_N) -> ((4, 2), MMA_M, MMA_N / 2). SM90 (register-A wgmma): two 8-column groups form one k16
+// slice, ((2, 2, N / 8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, N / 16 * MMA_N).
 template <class Layout>
 CUTE_HOST_DEVICE constexpr auto acc_as_a_operand(Layout const& acc) {
-  static_assert(decltype(size<0>(acc))::value == 4);
   static_assert(decltype(rank(acc))::value == 3);
-  auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
-  return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+  if constexpr (decltype(rank<0>(acc))::value == 3) {
+    auto groups = logical_divide(get<0, 2>(acc), Shape<_2>{});  // ((2, N / 16))
+    return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(groups)), get<1>(acc),
+                       coalesce(make_layout(get<0, 1>(groups), get<2>(acc))));
+  } else {
+    static_assert(decltype(size<0>(acc))::value == 4);
+    auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
+    return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+  }
 }
 
 template <class To, class Engine, class Layout>
@@ -107,6 +121,22 @@ CUTE_DEVICE void gemm_rs(Acc& acc, RA const& rA, RB& rB, SB const& sB, TiledMma 
   gemm_b_streamed<kB>(acc, rA, rB, sB, mma, copy_b, [](auto) {});
 }
 
+// Global <-> shared tile copies in 16-byte vectors: each row chunk of kRowChunk columns (64, or 32 when the head
+// dim is no multiple of 64) is covered by kRowChunk / 8 threads, the rest of the threads take further rows.
+template <class Element, int kHeadDim, int kThreads>
+struct GmemCopies {
+  static constexpr int kRowChunk = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kVec = 16 / sizeof(Element);
+  static constexpr int kGmemThreadsPerRow = kRowChunk / kVec;
+  static_assert(kThreads % kGmemThreadsPerRow == 0);
+  using GmemThreads = Layout<Shape<Int<kThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
+                             Stride<Int<kGmemThreadsPerRow>, _1>>;
+  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{},
+                                            GmemThreads{}, Layout<Shape<_1, Int<kVec>>>{}));
+  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
+                                             Layout<Shape<_1, Int<kVec>>>{}));
+};
+
 // Coordinates for the predicates of copy_tile_zfill / copy_tile_bounded, split as TileCoords splits the MMA tiles'
 // (common/mask_apply.cuh): copy_offsets is thread 0's partition of the tile (compile-time coordinates), and
 // copy_base this thread's first vector (row, col), which callers subtract from the bounds. Partitioning with the
@@ -127,7 +157,7 @@ CUTE_DEVICE void copy_base(ThrCopy const& thr, Shape shape, int& row, int& col) 
 // elements outside read nothing and land as zeros, so padded head dims and rows past the sequence contribute exact
 // zeros (never NaN) to MMAs. One predicated instruction per vector, no branches or separate clears.
 template <class TiledCopy, class S, class D, class C>
-CUTE_DEVICE void copy_tile_zfill(TiledCopy const& copy, S const& src, D& dst, C const& coord, int max_row,
+CUTE_DEVICE void copy_tile_zfill(TiledCopy const& copy, S const& src, D&& dst, C const& coord, int max_row,
                                  int max_col) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {

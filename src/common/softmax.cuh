@@ -1,5 +1,6 @@
-// Online softmax over SM80 accumulator fragments, in the log2 domain with the softmax scale folded into one FFMA
-// per score. Rows of a fragment are spread over the 4 threads of a quad, so row reductions are two shuffles.
+// Online softmax over MMA accumulator fragments (SM80 and SM90 alike, through acc_as_rowcol), in the log2 domain
+// with the softmax scale folded into one FFMA per score. Rows of a fragment are spread over the 4 threads of a
+// quad, so row reductions are two shuffles.
 #pragma once
 
 #include <cmath>
@@ -61,6 +62,19 @@ struct OnlineSoftmax {
       row_sum[r] = row_sum[r] * correction + sum;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+    }
+  }
+
+  // Each row's normaliser (0 for a row that saw no key) and lse (natural log; -inf for such rows), for kernels
+  // that scale O as they store it.
+  CUTE_DEVICE void finish(float scale_log2, float (&inv)[kRows], float (&lse)[kRows]) const {
+    constexpr float kLn2 = 0.6931471805599453f;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_allreduce(row_sum[r], SumOp{});
+      bool const empty = sum == 0.f || sum != sum;
+      inv[r] = empty ? 0.f : 1.f / sum;
+      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
     }
   }
 

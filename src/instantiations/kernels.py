@@ -64,7 +64,20 @@ BWD_SM80 = [
     ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84.5 KB, Q double-buffered: 99 KB parts (64x32 needs 104 KB)"),
 ]
 
-KERNELS = FWD_SM80 + BWD_SM80
+# Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares). One warpgroup per 64 query
+# rows, two K/V stages; block_n as large as the registers of S (block_n / 2 per thread) and O (head_dim / 2) allow.
+# H200, bf16, 16k tokens (bench/RESULTS.md, fifth session, run D): hd128 1.08-1.47x FA2 (436-470 TFLOP/s at >= 8k),
+# hd64 0.88-1.08x; no spills.
+FWD_SM90 = [
+    ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "80 KB"),
+    ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "120 KB"),
+    ("sm90", "fwd", 128, 128, 128, 8, 1, 3, "160 KB"),
+    ("sm90", "fwd", 192, 128, 96, 8, 1, 3, "192 KB"),
+]
+# Not hd256: 128x64 (and 128x32/48/80) spill 100-148 B on sm_90a, all in the epilogue, where ptxas hoists the 128
+# normalising multiplies of O ahead of their stores; hd256 keeps the portable kernel on sm_90 meanwhile.
+
+KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90
 
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
 # (both dtypes' code paths, both tile sets, tuning candidates left out).

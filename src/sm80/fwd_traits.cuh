@@ -21,20 +21,11 @@ using Sm80MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
 // Shared pieces of the forward and backward tiles: a 16-byte-vector swizzle for rows of 64 (or 32) elements,
 // which makes both cp.async stores and ldmatrix reads bank-conflict free.
 template <class Element, int kHeadDim, int kThreads>
-struct Sm80TileBase {
-  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+struct Sm80TileBase : GmemCopies<Element, kHeadDim, kThreads> {
+  static constexpr int kBlockKSmem = GmemCopies<Element, kHeadDim, kThreads>::kRowChunk;
   static constexpr int kSwizzleBits = kBlockKSmem == 64 ? 3 : 2;
   using SmemAtom = decltype(composition(Swizzle<kSwizzleBits, 3, 3>{},
                                         Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
-  static constexpr int kVec = 16 / sizeof(Element);
-  static constexpr int kGmemThreadsPerRow = kBlockKSmem / kVec;
-  static_assert(kThreads % kGmemThreadsPerRow == 0);
-  using GmemThreads = Layout<Shape<Int<kThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
-                             Stride<Int<kGmemThreadsPerRow>, _1>>;
-  using GmemLoad = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{},
-                                            GmemThreads{}, Layout<Shape<_1, Int<kVec>>>{}));
-  using GmemStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{}, GmemThreads{},
-                                             Layout<Shape<_1, Int<kVec>>>{}));
   using SmemLoadN = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
   using SmemLoadT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   using SmemStoreC = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;

@@ -184,3 +184,23 @@ TEST(Workspace, DeterministicSlotsFillWholeWaves) {
   EXPECT_EQ(det.dq_slots, 8);  // 8 key tiles, 4 columns
   EXPECT_GE(det.total - plain.total, size_t(7) * det.dq_slot_elems * sizeof(float));
 }
+
+// A build without sm_90a has no Hopper kernels: dispatch falls back to the best portable config it compiled, and
+// returns an unbuilt config (for a NOT_BUILT message) only when nothing that fits was compiled.
+TEST(Dispatch, PrefersTheBestConfigThisBuildCompiled) {
+  arch::Profile const& h200 = *arch::find_profile(90);
+  Problem const fwd128{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128};
+  KernelConfig const* any = select_config(fwd128, h200, nullptr);
+  ASSERT_NE(any, nullptr);
+  EXPECT_EQ(any->family, Family::kSm90);
+  auto portable_only = [](KernelConfig const& c) { return c.family == Family::kSm80; };
+  KernelConfig const* portable = select_config(fwd128, h200, nullptr, nullptr, portable_only);
+  ASSERT_NE(portable, nullptr);
+  EXPECT_EQ(portable->family, Family::kSm80);
+  EXPECT_EQ(portable->head_dim, 128);
+  auto nothing = [](KernelConfig const&) { return false; };
+  EXPECT_EQ(select_config(fwd128, h200, nullptr, nullptr, nothing), any);
+  // No profile without wgmma ever gets a Hopper config.
+  for (int sm : {80, 86, 89, 100, 120})
+    EXPECT_EQ(select_config(fwd128, *arch::find_profile(sm), nullptr)->family, Family::kSm80) << sm;
+}

@@ -1,0 +1,55 @@
+// Compile-time description of one Hopper forward kernel: wgmma tiles (one warpgroup per 64 query rows), GMMA
+// shared-memory layouts for Q, K and V with two K/V stages, and the cp.async copies that fill them.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/cute_utils.cuh"
+#include "sm90/fwd_launch.h"
+
+namespace flashcute::sm90 {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+struct FwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStages = 2;  // K/V tile i+1 loads while tile i is computed
+  static_assert(kBlockM % 64 == 0 && kThreads == 128 * (kBlockM / 64), "one warpgroup per 64 query rows");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0 && kHeadDim <= 256);
+
+  // Rows of 128 bytes (64 elements) take the 128-byte swizzle; head dims that are odd multiples of 32 the 64-byte
+  // one. The same atom serves Q and K (K-major operands) and, read transposed, V (the MN-major B of P.V).
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
+                                      decltype(GMMA::Layout_K_SW64_Atom<Element>{})>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  // S = Q K^T from shared memory; O += P V with P in registers (the S accumulators, converted).
+  using AtomLayout = Layout<Shape<Int<kBlockM / 64>, _1, _1>>;
+  using TiledMmaS = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
+  using TiledMmaO = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  struct SharedStorage {
+    // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).
+    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // reused for O in the epilogue
+    alignas(1024) Element k[cosize_v<SmemLayoutKV>];
+    alignas(1024) Element v[cosize_v<SmemLayoutKV>];
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes == (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2,
+                "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
+};
+
+}  // namespace flashcute::sm90

@@ -1,0 +1,36 @@
+// Warpgroup GEMMs on Hopper: acc (+)= A * B over every k-slice with wgmma, A from shared memory (descriptors) or
+// registers, B from shared memory. issue() starts one commit group and returns at once; wait<N>() returns when at
+// most N of this warpgroup's groups are still running.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace flashcute::sm90 {
+
+using namespace cute;
+
+// kZeroInit: the first k-slice overwrites acc instead of adding to it (no clear needed). kRegA: A holds register
+// values (P), not shared-memory descriptors. Until the matching wait, neither acc nor a register A may be touched.
+template <bool kZeroInit, bool kRegA, class TiledMma, class TA, class TB, class Acc>
+CUTE_DEVICE void warpgroup_issue(TiledMma& mma, TA const& a, TB const& b, Acc& acc) {
+  // The fences keep the compiler from moving register reads or writes of the operands across the async MMAs.
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
+// After the wait, the fence keeps the compiler from reading the operands before it.
+template <int kInFlight, class... Operands>
+CUTE_DEVICE void warpgroup_wait_for(Operands&... ops) {
+  warpgroup_wait<kInFlight>();
+  (warpgroup_fence_operand(ops), ...);
+}
+
+}  // namespace flashcute::sm90
