@@ -5,6 +5,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/cute_utils.cuh"
+#include "common/fwd_block.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
 #include "common/softmax.cuh"
@@ -23,32 +24,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   int const tid = threadIdx.x;
 
-  // Largest query tiles first: under causal masks they have the most keys, so the tail of the grid is short.
-  int const m_block = gridDim.x - 1 - blockIdx.x;
-  int const h = blockIdx.y;
-  int const b = blockIdx.z;
-  SeqInfo const seq = SeqInfo::make(p, b);
-  int const m0 = m_block * kBlockM;
-  if (m0 >= seq.seqlen_q) return;
-  Mask const mask = seq.mask(p);
-  int const m1 = min(m0 + kBlockM, seq.seqlen_q);
-  int const key_lo = mask.block_key_begin(m0);
-  int const key_hi = mask.block_key_end(m1);
-  int const n_min = key_lo / kBlockN;
-  // Tiles wholly outside every row's window are never loaded; an empty range leaves out 0 and lse -inf.
-  int const n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
-  int const h_kv = h / p.kv_group;
+  FwdBlock<kBlockM, kBlockN> blk;
+  if (!blk.init(p)) return;
+  SeqInfo const& seq = blk.seq;
+  Mask const& mask = blk.mask;
+  int const m_block = blk.m_block, b = blk.b, h = blk.h, m0 = blk.m0;
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
-  Element const* q_ptr = static_cast<Element const*>(p.q) + seq.q_offset(p, b, p.q_batch_stride, p.q_row_stride) +
-                         h * p.q_head_stride;
-  Element const* k_ptr = static_cast<Element const*>(p.k) + seq.k_offset(p, b, p.k_batch_stride, p.k_row_stride) +
-                         h_kv * p.k_head_stride;
-  Element const* v_ptr = static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
-                         h_kv * p.v_head_stride;
-  Element* o_ptr = static_cast<Element*>(p.out) + seq.q_offset(p, b, p.out_batch_stride, p.out_row_stride) +
-                   h * p.out_head_stride;
+  Element const* q_ptr = blk.template q<Element>(p);
+  Element const* k_ptr = blk.template k<Element>(p);
+  Element const* v_ptr = blk.template v<Element>(p);
+  Element* o_ptr = blk.template out<Element>(p);
   Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                           make_stride(p.q_row_stride, _1{}));  // (Sq, D)
   Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
@@ -102,24 +89,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   constexpr int kRows = 2 * decltype(size<1>(acc_o))::value;
   OnlineSoftmax<kRows> softmax;
 
-  // Tiles [n_plain_lo, n_plain_hi) are seen in full by every row of the block. Without softcap they take the
-  // plain step: no mask and no softcap code. The others (the diagonal band, the window's edges, a partial last
-  // tile) take the general one. Online softmax does not care about tile order, so the general tiles go first
-  // (top band, then bottom band) and the plain ones after, each kind in one loop of its own. Measured in the
-  // SASS (hd128): one body with the optional work behind branches was if-converted (the predicated-off softcap
-  // and mask instructions cost every tile); both bodies inside one loop, or two loops inside an outer one, cost
-  // ~180 register moves per tile; two loops in sequence leave the plain body at FA2's instruction count.
-  int n_plain_lo, n_plain_hi;
-  mask.full_key_tiles(m0, m1, kBlockN, n_min, n_max, n_plain_lo, n_plain_hi);
-  if (p.softcap_prescale != 0.f) n_plain_lo = n_plain_hi = n_min;
-  int const num_top = n_max - n_plain_hi;
-  int const num_general = num_top + (n_plain_lo - n_min);
-  int const num_tiles = n_max - n_min;
-  auto tile_of = [&](int i) {
-    if (i < num_top) return n_max - 1 - i;
-    if (i < num_general) return n_plain_lo - 1 - (i - num_top);
-    return n_plain_hi - 1 - (i - num_general);
-  };
+  // General tiles (masked or softcapped) first, then the plain ones: common/fwd_block.cuh.
+  blk.plan_tiles(p);
+  int const num_general = blk.num_general, num_tiles = blk.num_tiles;
+  auto tile_of = [&](int i) { return blk.tile_of(i); };
 
   // Prologue: Q and the first tile's K.
   if (num_tiles > 0) {

@@ -9,6 +9,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "common/cute_utils.cuh"
+#include "common/fwd_block.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
 #include "common/softmax.cuh"
@@ -29,45 +30,28 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   int const tid = threadIdx.x;
 
-  // Largest query tiles first: under causal masks they have the most keys, so the tail of the grid is short.
-  int const m_block = gridDim.x - 1 - blockIdx.x;
-  int const h = blockIdx.y;
-  int const b = blockIdx.z;
-  SeqInfo const seq = SeqInfo::make(p, b);
-  int const m0 = m_block * kBlockM;
-  if (m0 >= seq.seqlen_q) return;
-  Mask const mask = seq.mask(p);
-  int const m1 = min(m0 + kBlockM, seq.seqlen_q);
-  int const key_lo = mask.block_key_begin(m0);
-  int const key_hi = mask.block_key_end(m1);
-  int const n_min = key_lo / kBlockN;
-  // Tiles wholly outside every row's window are never loaded; an empty range leaves out 0 and lse -inf.
-  int const n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
-  int const h_kv = h / p.kv_group;
+  FwdBlock<kBlockM, kBlockN> blk;
+  if (!blk.init(p)) return;
+  SeqInfo const& seq = blk.seq;
+  Mask const& mask = blk.mask;
+  int const m_block = blk.m_block, b = blk.b, h = blk.h, m0 = blk.m0;
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
   auto tile_s = Shape<Int<kBlockM>, Int<kBlockN>>{};
-  Element const* q_ptr = static_cast<Element const*>(p.q) + seq.q_offset(p, b, p.q_batch_stride, p.q_row_stride) +
-                         h * p.q_head_stride;
-  Element const* k_ptr = static_cast<Element const*>(p.k) + seq.k_offset(p, b, p.k_batch_stride, p.k_row_stride) +
-                         h_kv * p.k_head_stride;
-  Element const* v_ptr = static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
-                         h_kv * p.v_head_stride;
-  Element* o_ptr = static_cast<Element*>(p.out) + seq.q_offset(p, b, p.out_batch_stride, p.out_row_stride) +
-                   h * p.out_head_stride;
+  Element const* q_ptr = blk.template q<Element>(p);
+  Element const* k_ptr = blk.template k<Element>(p);
+  Element const* v_ptr = blk.template v<Element>(p);
+  Element* o_ptr = blk.template out<Element>(p);
   Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                           make_stride(p.q_row_stride, _1{}));  // (Sq, D)
   Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(p.k_row_stride, _1{}));  // (Sk, D)
   Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
-  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(p.out_row_stride, _1{}));  // (Sq, Dv)
   Tensor gQ = local_tile(mQ, tile_q, make_coord(m_block, 0));  // (kBlockM, D)
   Tensor gK = local_tile(mK, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
   Tensor gV = local_tile(mV, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
-  Tensor gO = local_tile(mO, tile_q, make_coord(m_block, 0));  // (kBlockM, D)
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});   // (kBlockN, D, stage)
@@ -103,20 +87,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   constexpr int kRows = decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value;
   OnlineSoftmax<kRows> softmax;
 
-  // Tiles [n_plain_lo, n_plain_hi) are seen in full by every row of the block and take a step without mask or
-  // softcap code; the others (diagonal band, window edges, a partial last tile) go first, then the plain ones, as
-  // in the portable kernel.
-  int n_plain_lo, n_plain_hi;
-  mask.full_key_tiles(m0, m1, kBlockN, n_min, n_max, n_plain_lo, n_plain_hi);
-  if (p.softcap_prescale != 0.f) n_plain_lo = n_plain_hi = n_min;
-  int const num_top = n_max - n_plain_hi;
-  int const num_general = num_top + (n_plain_lo - n_min);
-  int const num_tiles = n_max - n_min;
-  auto tile_of = [&](int i) {
-    if (i < num_top) return n_max - 1 - i;
-    if (i < num_general) return n_plain_lo - 1 - (i - num_top);
-    return n_plain_hi - 1 - (i - num_general);
-  };
+  // General tiles (masked or softcapped) first, then the plain ones: common/fwd_block.cuh.
+  blk.plan_tiles(p);
+  int const num_general = blk.num_general, num_tiles = blk.num_tiles;
+  auto tile_of = [&](int i) { return blk.tile_of(i); };
   // Each step computes S_i = Q K_i^T, its softmax, then O += P_i V_i. Shared memory holds two stages of K and V:
   // tile i + 1 loads into the other stage during step i. The prologue loads V_0 in a group of its own, so the
   // first S starts once Q and K_0 have landed (worth 0.85 -> 1.1x FA2 on short causal sequences, where the first
@@ -191,28 +165,47 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   float inv[kRows], lse[kRows];
   softmax.finish(p.scale_log2, inv, lse);
 
-  // Epilogue: O goes through shared memory (Q's buffer: every warpgroup is past its last Q.K once all threads
-  // reach the barrier) so global stores are 16-byte vectors along rows. Each pair of adjacent columns is converted
-  // normalised, converted and stored on its own: normalising all of O first, then converting it, spilled at head
-  // dim 256.
-  Tensor sO = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});  // (kBlockM, D)
-  Tensor tOsO = thr_o.partition_C(sO);                                         // same layout as acc_o
-  Tensor o_rc = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));      // (rows, cols)
-  Tensor s_rc = make_tensor(tOsO.data(), acc_as_rowcol(tOsO.layout()));
+  // Epilogue: O goes through shared memory as float32, unnormalised, each accumulator pair stored straight from its
+  // registers; then every thread normalises, converts and stores 16-byte vectors along rows. Normalising or
+  // converting O in registers first spilled 100-148 B at head dim 256 (ptxas hoists the 128 multiplies ahead of
+  // their stores). Rows are padded by 8 floats against bank conflicts; all of shared memory is free by now.
+  constexpr int kStride = kHeadDim + 8;
+  float* o_buf = reinterpret_cast<float*>(smem_raw);
+  float* inv_buf = o_buf + kBlockM * kStride;
+  static_assert((kBlockM * kStride + kBlockM) * int(sizeof(float)) <= T::kSmemBytes);
+  TileCoords<typename T::TiledMmaO, decltype(tile_q)> const o_base(mma_o, tile_q);
+  auto const o_off = TileCoords<typename T::TiledMmaO, decltype(tile_q)>::offsets(mma_o, tile_q);  // (rows, cols)
+  Tensor o_rc = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));                     // (rows, cols)
   static_assert(decltype(size<0, 0>(acc_o))::value == 2, "pairs of adjacent columns");
-  __syncthreads();
+  float* o_mine = o_buf + o_base.row_base * kStride + o_base.col_base;
+  __syncthreads();  // every warpgroup is done reading Q, K and V
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(o_rc); c += 2) {
-      cutlass::NumericArrayConverter<Element, float, 2> convert;
-      cutlass::Array<float, 2> const pair = {o_rc(r, c) * inv[r], o_rc(r, c + 1) * inv[r]};
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(&s_rc(r, c)) = convert(pair);
+      int const offset = get<0>(o_off(r, c)) * kStride + get<1>(o_off(r, c));
+      *reinterpret_cast<float2*>(o_mine + offset) = make_float2(o_rc(r, c), o_rc(r, c + 1));
     }
+    if (o_base.col_base == 0) inv_buf[o_base.row_base + get<0>(o_off(r, 0))] = inv[r];  // one thread per quad
   }
   __syncthreads();
-
-  store_tile(typename T::GmemStore{}, sO, gO, tile_q, seq.seqlen_q - m0, p.head_dim_v);
+  constexpr int kVecsPerRow = kHeadDim / 8;
+  int const rows = min(kBlockM, seq.seqlen_q - m0);
+#pragma unroll 1
+  for (int v = tid; v < kBlockM * kVecsPerRow; v += T::kThreads) {
+    int const row = v / kVecsPerRow;
+    int const col = (v % kVecsPerRow) * 8;
+    if (row < rows && col < p.head_dim_v) {
+      float const* src = o_buf + row * kStride + col;
+      float4 const lo = *reinterpret_cast<float4 const*>(src);
+      float4 const hi = *reinterpret_cast<float4 const*>(src + 4);
+      float const scale = inv_buf[row];
+      cutlass::Array<float, 8> const vals = {lo.x * scale, lo.y * scale, lo.z * scale, lo.w * scale,
+                                             hi.x * scale, hi.y * scale, hi.z * scale, hi.w * scale};
+      cutlass::NumericArrayConverter<Element, float, 8> convert;
+      *reinterpret_cast<cutlass::Array<Element, 8>*>(o_ptr + (m0 + row) * p.out_row_stride + col) = convert(vals);
+    }
+  }
 
   if (p.lse) {
     Tensor cO = thr_o.partition_C(make_identity_tensor(tile_q));

@@ -1,0 +1,88 @@
+// One forward CTA's share of the work, for every forward kernel family: the query rows of one head of one sequence,
+// the key tiles those rows can see, and the order the mainloop visits them in.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/kernel_params.h"
+#include "common/mask.h"
+
+namespace flashcute {
+
+template <int kBlockM, int kBlockN>
+struct FwdBlock {
+  int m_block, h, b, h_kv;
+  SeqInfo seq;
+  Mask mask;
+  int m0, m1;          // query rows [m0, m1) of the sequence
+  int n_min, n_max;    // key tiles [n_min, n_max) hold every key some row may see
+  int num_top, num_general, num_tiles;
+  int n_plain_lo, n_plain_hi;
+
+  // Largest query tiles first: under causal masks they have the most keys, so the tail of the grid is short.
+  // Returns false (and the CTA has nothing to do) past the end of a shorter varlen sequence.
+  CUTE_DEVICE bool init(FwdKernelParams const& p) {
+    m_block = gridDim.x - 1 - blockIdx.x;
+    h = blockIdx.y;
+    b = blockIdx.z;
+    seq = SeqInfo::make(p, b);
+    m0 = m_block * kBlockM;
+    if (m0 >= seq.seqlen_q) return false;
+    mask = seq.mask(p);
+    m1 = min(m0 + kBlockM, seq.seqlen_q);
+    int const key_lo = mask.block_key_begin(m0);
+    int const key_hi = mask.block_key_end(m1);
+    n_min = key_lo / kBlockN;
+    // Tiles wholly outside every row's window are never loaded; an empty range leaves out 0 and lse -inf.
+    n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
+    h_kv = h / p.kv_group;
+    return true;
+  }
+
+  // Tiles [n_plain_lo, n_plain_hi) are seen in full by every row of the block. Without softcap they take the plain
+  // step: no mask and no softcap code. The others (the diagonal band, the window's edges, a partial last tile) take
+  // the general one. Online softmax does not care about tile order, so the general tiles go first (top band, then
+  // bottom band) and the plain ones after, each kind in one loop of its own: steps [0, num_general) are general,
+  // [num_general, num_tiles) plain. Measured in the SASS (hd128, portable kernel): one body with the optional work
+  // behind branches was if-converted (the predicated-off softcap and mask instructions cost every tile); both
+  // bodies inside one loop, or two loops inside an outer one, cost ~180 register moves per tile; two loops in
+  // sequence leave the plain body at FA2's instruction count. The only partial tile (the last) is general and comes
+  // first.
+  CUTE_DEVICE void plan_tiles(FwdKernelParams const& p) {
+    mask.full_key_tiles(m0, m1, kBlockN, n_min, n_max, n_plain_lo, n_plain_hi);
+    if (p.softcap_prescale != 0.f) n_plain_lo = n_plain_hi = n_min;
+    num_top = n_max - n_plain_hi;
+    num_general = num_top + (n_plain_lo - n_min);
+    num_tiles = n_max - n_min;
+  }
+
+  CUTE_DEVICE int tile_of(int i) const {
+    if (i < num_top) return n_max - 1 - i;
+    if (i < num_general) return n_plain_lo - 1 - (i - num_top);
+    return n_plain_hi - 1 - (i - num_general);
+  }
+
+  // Row 0 of this block's sequence in each tensor, at its head.
+  template <class Element>
+  CUTE_DEVICE Element const* q(FwdKernelParams const& p) const {
+    return static_cast<Element const*>(p.q) + seq.q_offset(p, b, p.q_batch_stride, p.q_row_stride) +
+           h * p.q_head_stride;
+  }
+  template <class Element>
+  CUTE_DEVICE Element const* k(FwdKernelParams const& p) const {
+    return static_cast<Element const*>(p.k) + seq.k_offset(p, b, p.k_batch_stride, p.k_row_stride) +
+           h_kv * p.k_head_stride;
+  }
+  template <class Element>
+  CUTE_DEVICE Element const* v(FwdKernelParams const& p) const {
+    return static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
+           h_kv * p.v_head_stride;
+  }
+  template <class Element>
+  CUTE_DEVICE Element* out(FwdKernelParams const& p) const {
+    return static_cast<Element*>(p.out) + seq.q_offset(p, b, p.out_batch_stride, p.out_row_stride) +
+           h * p.out_head_stride;
+  }
+};
+
+}  // namespace flashcute
