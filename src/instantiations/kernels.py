@@ -71,8 +71,8 @@ BWD_SM80 = [
 
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares). One warpgroup per 64 query
 # rows, two K/V stages; block_n as large as the registers of S (block_n / 2 per thread) and O (head_dim / 2) allow.
-# H200, bf16, 16k tokens (bench/RESULTS.md, fifth session, run E): hd128 1.08-1.50x FA2 (448-474 TFLOP/s at >= 8k),
-# hd64 0.89-1.08x; no spills.
+# H200, bf16, 16k tokens (bench/RESULTS.md, fifth session, run F): hd64 0.86-1.10x FA2, hd128 1.06-1.43x (432-469
+# TFLOP/s at >= 8k), hd256 0.93-1.62x; no spills.
 FWD_SM90 = [
     ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "80 KB"),
     ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "120 KB"),
