@@ -1,8 +1,8 @@
 // Hopper forward mainloop (wgmma + cp.async): one CTA owns a kBlockM tile of queries of one head, one warpgroup per
 // 64 rows, and walks its visible K/V tiles from the last to the first (the tiles that need masking first), loading
-// the next tile while the current one is computed. Each warpgroup reads its operands
-// from shared memory once per tile (mma.sync reads them once per warp), which is what this family buys over the
-// portable one (src/sm80/fwd_kernel.cuh, whose masking, softmax and epilogue it shares).
+// the next tile while the current one is computed. Each warpgroup reads its operands from shared memory once per
+// tile (mma.sync reads them once per warp), which is what this family buys over the portable one
+// (src/sm80/fwd_kernel.cuh, whose masking, softmax, copies and tile order it shares).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -91,6 +91,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   blk.plan_tiles(p);
   int const num_general = blk.num_general, num_tiles = blk.num_tiles;
   auto tile_of = [&](int i) { return blk.tile_of(i); };
+
   // Each step computes S_i = Q K_i^T, its softmax, then O += P_i V_i. Shared memory holds two stages of K and V:
   // tile i + 1 loads into the other stage during step i. The prologue loads V_0 in a group of its own, so the
   // first S starts once Q and K_0 have landed (worth 0.85 -> 1.1x FA2 on short causal sequences, where the first
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
 
   constexpr int kPlain = 0, kMasked = 1, kSoftcapped = 2;
   // kFirst: step 0, a body of its own (V_0 arrives in a later group than K_0): runtime tests of i == 0 inside the
-  // one body cost the other steps 3-9% (measured at hd64).
+  // one body cost the other steps 4-8% at hd128 (bench/RESULTS.md, fifth session, runs C and D).
   auto step = [&](int i, auto kind, auto first) __attribute__((always_inline)) {
     constexpr int kKind = decltype(kind)::value;
     constexpr bool kFirst = decltype(first)::value;
