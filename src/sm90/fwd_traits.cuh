@@ -43,7 +43,7 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
 
   struct SharedStorage {
     // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).
-    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // reused for O in the epilogue
+    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // all three reused for O (float32) in the epilogue
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
   };
