@@ -1,4 +1,4 @@
-// Applies the shared Mask policy (common/mask.h) and the softcap to a score tile held in SM80 accumulators.
+// Applies the shared Mask policy (common/mask.h) and the softcap to a score tile held in SM80 or SM90 accumulators.
 #pragma once
 
 #include "common/cute_utils.cuh"
@@ -40,6 +40,26 @@ CUTE_DEVICE void apply_mask(Acc& acc, TiledMma const& mma, Shape shape, Mask con
     for (int k = 0; k < size<1>(s); ++k) {
       int const j = get<1>(off(r, k));
       if (j < begin || j >= end) s(r, k) = -INFINITY;
+    }
+  }
+}
+
+// The same for a transposed tile, rows = keys from n0 and columns = queries from m0 (the Hopper backward's S^T).
+// Key j is seen by queries [query_begin(j), query_end(j + 1)); keys past the sequence by none.
+template <class Acc, class TiledMma, class Shape>
+CUTE_DEVICE void apply_mask_transposed(Acc& acc, TiledMma const& mma, Shape shape, Mask const& mask, int n0, int m0) {
+  Tensor s = make_tensor(acc.data(), acc_as_rowcol(acc.layout()));
+  TileCoords<TiledMma, Shape> const base(mma, shape);
+  auto const off = TileCoords<TiledMma, Shape>::offsets(mma, shape);
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(s); ++r) {
+    int const j = n0 + base.row_base + get<0>(off(r, 0));
+    int const begin = mask.query_begin(j) - m0 - base.col_base;
+    int const end = (j < mask.seqlen_k ? mask.query_end(j + 1) : 0) - m0 - base.col_base;
+    CUTE_UNROLL
+    for (int k = 0; k < size<1>(s); ++k) {
+      int const i = get<1>(off(r, k));
+      if (i < begin || i >= end) s(r, k) = -INFINITY;
     }
   }
 }

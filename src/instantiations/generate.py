@@ -27,6 +27,10 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps):
     if direction == "fwd":
         stages = 2 if family == "sm90" else 1  # Hopper: two K/V stages
         return (block_m + 2 * stages * block_n) * head_dim * 2
+    if direction == "bwd" and family == "sm90":
+        # Two Q and dO stages, K, V, dS^T (16-bit), then two stages of row terms (float32) padded to 1 KB.
+        rows = (2 * 2 * block_m * 4 + 1023) // 1024 * 1024
+        return (2 * 2 * block_m * head_dim + 2 * block_n * head_dim + block_n * block_m) * 2 + rows
     if direction == "bwd":
         from kernels import bwd_smem_bytes  # defined with the backward entries
         return bwd_smem_bytes(head_dim, block_m, block_n, warps)
@@ -109,7 +113,8 @@ def main():
 
     fwd = [f'    {{"{c["name"]}", {launcher_expr(c)}}},' for c in built if c["direction"] == "fwd"]
     bwd = [f'    {{"{c["name"]}", {launcher_expr(c)}}},' for c in built if c["direction"] == "bwd"]
-    decl = "".join(f'#include "{f}/{d}_launch.h"\n' for f, d in (("sm80", "fwd"), ("sm80", "bwd"), ("sm90", "fwd")))
+    decl = "".join(f'#include "{f}/{d}_launch.h"\n' for f, d in (("sm80", "fwd"), ("sm80", "bwd"), ("sm90", "fwd"),
+                                                                     ("sm90", "bwd")))
     text = ("// Generated from src/instantiations/kernels.py. Do not edit.\n" + decl +
             "#define FLASHCUTE_FWD_LAUNCHERS \\\n" + " \\\n".join(fwd + ["    {nullptr, nullptr}"]) + "\n" +
             "#define FLASHCUTE_BWD_LAUNCHERS \\\n" + " \\\n".join(bwd + ["    {nullptr, nullptr}"]) + "\n" +

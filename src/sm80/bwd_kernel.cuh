@@ -7,40 +7,13 @@
 #include <cute/tensor.hpp>
 #include <cutlass/fast_math.h>
 
+#include "common/bwd_atomics.cuh"
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
 #include "sm80/bwd_traits.cuh"
 
 namespace flashcute::sm80 {
-
-// dst[0] += a, dst[1] += b: one 8-byte vector reduction on sm_90+, two scalar ones before.
-CUTE_DEVICE void atomic_add_pair(float* dst, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
-#else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
-#endif
-}
-
-// g += acc for a float32 accumulator fragment and its gmem partition (same layout), with atomics. Elements 2i,
-// 2i+1 of an SM80 accumulator are neighbouring columns, so they go as one pair.
-template <class G, class Acc>
-CUTE_DEVICE void atomic_add_fragment(G& g, Acc const& acc) {
-  static_assert(decltype(size(acc))::value % 2 == 0);
-  static_assert(decltype(stride<0, 0>(g.layout()))::value == 1);
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) atomic_add_pair(&g(i), acc(i), acc(i + 1));
-}
-
-// Adds a float32 dQ fragment into its tile of the accumulator, laid out in fragment order (BwdTraits::dq_frag_offset).
-template <class T, class Acc>
-CUTE_DEVICE void atomic_add_dq_tile(float* tile, Acc const& acc) {
-  static_assert(decltype(size(acc))::value % 2 == 0);
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) atomic_add_pair(tile + T::dq_frag_offset(i, threadIdx.x), acc(i), acc(i + 1));
-}
 
 // A tensor of the given shape with a plain layout, only for sizing register fragments of transposed operands.
 template <class Element, class Shape_>
@@ -339,8 +312,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     }
     __syncthreads();  // P and dS are read by other warps' dV, dK and dQ products
 
-    gemm_ss(acc_dv, tVrPt, tVrdOt, tVsPt, tVsdOt, mma_kv, ldsm_kv_a, ldsm_kv_b);
-    if constexpr (!kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
+    gemm_ss<T::kStreamKV>(acc_dv, tVrPt, tVrdOt, tVsPt, tVsdOt, mma_kv, ldsm_kv_a, ldsm_kv_b);
+    if constexpr (!kDoubleQ) gemm_ss<T::kStreamKV>(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
     if (it + 1 < num_iters) {
       // Every warp is done reading dO (and the single Q stage): refill them under the dQ product.
       __syncthreads();
@@ -359,7 +332,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       gemm_ss(acc_dq, tQrdS, tQrKt, tQsdS, tQsKt, mma_q, ldsm_q_a, ldsm_q_b);
       atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);
     }
-    if constexpr (kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
+    if constexpr (kDoubleQ) gemm_ss<T::kStreamKV>(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
   };
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});

@@ -83,6 +83,13 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
                                                                                                     : 1;
   static constexpr int kDqCols = kHeadDim / kDqChunks;
 
+  // How far ahead the dK/dV products load their B operand (Q^T, dO^T): see Prefetch in common/cute_utils.cuh.
+#ifdef FLASHCUTE_BWD_STREAM_KV
+  static constexpr Prefetch kStreamKV = Prefetch::FLASHCUTE_BWD_STREAM_KV;
+#else
+  static constexpr Prefetch kStreamKV = Prefetch::kSlice;
+#endif
+
   // The float32 dQ accumulator holds each (kBlockM, kDqCols) tile of a (batch, head) in the dQ MMA's fragment
   // order: pair j (elements 2j, 2j+1) of thread t at 2 * (j * kThreads + t) + {0, 1}. A warp's atomic add then
   // covers 256 contiguous bytes (2 L2 requests of 4 sectors) where the row-major tile took 8 one-sector requests;

@@ -200,7 +200,11 @@ TEST(Dispatch, PrefersTheBestConfigThisBuildCompiled) {
   EXPECT_EQ(portable->head_dim, 128);
   auto nothing = [](KernelConfig const&) { return false; };
   EXPECT_EQ(select_config(fwd128, h200, nullptr, nullptr, nothing), any);
+  Problem const bwd128{FLASHCUTE_BACKWARD, FLASHCUTE_BFLOAT16, 128};
+  EXPECT_EQ(select_config(bwd128, h200, nullptr)->family, Family::kSm90);
   // No profile without wgmma ever gets a Hopper config.
-  for (int sm : {80, 86, 89, 100, 120})
+  for (int sm : {80, 86, 89, 100, 120}) {
     EXPECT_EQ(select_config(fwd128, *arch::find_profile(sm), nullptr)->family, Family::kSm80) << sm;
+    EXPECT_EQ(select_config(bwd128, *arch::find_profile(sm), nullptr)->family, Family::kSm80) << sm;
+  }
 }

@@ -25,6 +25,7 @@ def test_hopper_kernels_only_when_sm90a_is_a_target(tmp_path):
     with_90, table, sources_90 = generate(tmp_path, "all", 1)
     without_90, table_again, sources = generate(tmp_path, "all", 0)
     assert re.search(r'"sm90_fwd_\w+", &sm90::run_fwd', with_90)
+    assert re.search(r'"sm90_bwd_\w+", &sm90::run_bwd', with_90)
     assert "sm90::" not in without_90 and "sm90_" not in sources
     assert re.search(r"FLASHCUTE_SM90_SOURCES\n\s+\S+sm90_fwd", sources_90)
     # The dispatch table lists every config either way: a build without sm_90a falls back at run time.
@@ -43,7 +44,7 @@ def test_hopper_configs_need_wgmma_and_no_other_family_does(tmp_path):
 def test_ci_subset_covers_every_family_and_direction(tmp_path):
     launchers, _, _ = generate(tmp_path, "ci", 1)
     names = set(re.findall(r'"(sm\d+_(?:fwd|bwd)_\w+)"', launchers))
-    assert {n.split("_")[0] + "_" + n.split("_")[1] for n in names} == {"sm80_fwd", "sm80_bwd", "sm90_fwd"}
+    assert {n.split("_")[0] + "_" + n.split("_")[1] for n in names} == {"sm80_fwd", "sm80_bwd", "sm90_fwd", "sm90_bwd"}
 
 
 def test_every_forward_head_dim_has_a_hopper_and_a_portable_config():

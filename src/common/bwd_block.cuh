@@ -1,0 +1,114 @@
+// One backward CTA's share of the work, for every backward kernel family: one key tile of one K/V head of one
+// sequence, the (query head, query tile) pairs that can see it, and the order the mainloop visits them in.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/fast_math.h>
+
+#include "common/kernel_params.h"
+#include "common/mask.h"
+
+namespace flashcute {
+
+template <int kBlockM, int kBlockN>
+struct BwdBlock {
+  int b, n_block, n0;
+  SeqInfo seq;
+  Mask mask;
+  int key_rows;  // every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get zeros
+  // GQA: nondeterministic CTAs take one query head each and add dK/dV into float32 accumulators; deterministic
+  // ones take the whole group in order, so dK/dV are summed in registers and need no ordering of their own.
+  bool gqa, group_in_cta;
+  int h_kv, h_first, num_heads;
+  int m_begin, num_m, m_plain_lo, m_plain_hi;
+  int num_general, num_iters;
+  cutlass::FastDivmod per_head_general, per_head_plain;
+
+  // Returns false when key tile n_block lies past this sequence's keys (the CTA has nothing to write).
+  CUTE_DEVICE bool init(BwdKernelParams const& p, int n) {
+    b = blockIdx.z;
+    n_block = n;
+    seq = SeqInfo::make(p, b);
+    key_rows = p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : seq.seqlen_k;
+    n0 = n_block * kBlockN;
+    if (n0 >= key_rows) return false;
+    gqa = p.nheads != p.nheads_kv;
+    group_in_cta = gqa && p.deterministic;
+    h_kv = group_in_cta ? blockIdx.y : blockIdx.y / p.kv_group;
+    h_first = group_in_cta ? blockIdx.y * p.kv_group : blockIdx.y;
+    num_heads = group_in_cta ? p.kv_group : 1;
+
+    mask = seq.mask(p);
+    m_begin = 0, num_m = 0;
+    if (n0 < seq.seqlen_k) {
+      int const q_lo = mask.query_begin(n0);
+      int const q_hi = mask.query_end(min(n0 + kBlockN, seq.seqlen_k));
+      if (q_hi > q_lo) m_begin = q_lo / kBlockM, num_m = (q_hi + kBlockM - 1) / kBlockM - m_begin;
+    }
+    // Query tiles [m_plain_lo, m_plain_hi) see every key of this tile. Without softcap they take the plain step
+    // (no mask, no softcap code) in a loop of their own after the general ones, as in the forward (see
+    // common/fwd_block.cuh for the measurements behind two loops in sequence). The order of query tiles changes no
+    // bits: in deterministic mode each dQ float still receives its additions in key-tile order.
+    m_plain_lo = m_plain_hi = m_begin;
+    if (p.softcap_prescale == 0.f)
+      mask.full_query_tiles(n0, n0 + kBlockN, kBlockM, m_begin, m_begin + num_m, m_plain_lo, m_plain_hi);
+    int const num_m_plain = m_plain_hi - m_plain_lo;
+    int const num_m_general = num_m - num_m_plain;
+    // One flat walk over (head, query tile) pairs, so the Q/dO prefetch crosses head boundaries like tile ones:
+    // the general tiles of every head (those below the plain range, then those above it), then the plain ones.
+    num_general = num_m_general * num_heads;
+    num_iters = num_m * num_heads;
+    per_head_general = cutlass::FastDivmod(max(num_m_general, 1));
+    per_head_plain = cutlass::FastDivmod(max(num_m_plain, 1));
+    return true;
+  }
+
+  // Flat iteration -> (query head, query tile).
+  CUTE_DEVICE void tile_of(int it, int& h, int& m) const {
+    bool const general = it < num_general;
+    int const j = general ? it : it - num_general;
+    int dh, k;
+    if (general)
+      per_head_general(dh, k, j);
+    else
+      per_head_plain(dh, k, j);
+    h = h_first + dh;
+    m = !general ? m_plain_lo + k : k < m_plain_lo - m_begin ? m_begin + k : m_plain_hi + (k - (m_plain_lo - m_begin));
+  }
+
+  // Row 0 of this block's sequence in each tensor; K, V, dK and dV at this CTA's K/V head, Q and dO at head 0.
+  template <class Element>
+  CUTE_DEVICE Element const* k(BwdKernelParams const& p) const {
+    return static_cast<Element const*>(p.k) + seq.k_offset(p, b, p.k_batch_stride, p.k_row_stride) +
+           h_kv * p.k_head_stride;
+  }
+  template <class Element>
+  CUTE_DEVICE Element const* v(BwdKernelParams const& p) const {
+    return static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
+           h_kv * p.v_head_stride;
+  }
+  template <class Element>
+  CUTE_DEVICE Element const* q(BwdKernelParams const& p) const {
+    return static_cast<Element const*>(p.q) + seq.q_offset(p, b, p.q_batch_stride, p.q_row_stride);
+  }
+  template <class Element>
+  CUTE_DEVICE Element const* dout(BwdKernelParams const& p) const {
+    return static_cast<Element const*>(p.dout) + seq.q_offset(p, b, p.dout_batch_stride, p.dout_row_stride);
+  }
+  template <class Element>
+  CUTE_DEVICE Element* dk(BwdKernelParams const& p) const {
+    return static_cast<Element*>(p.dk) + seq.k_offset(p, b, p.dk_batch_stride, p.dk_row_stride) +
+           h_kv * p.dk_head_stride;
+  }
+  template <class Element>
+  CUTE_DEVICE Element* dv(BwdKernelParams const& p) const {
+    return static_cast<Element*>(p.dv) + seq.k_offset(p, b, p.dv_batch_stride, p.dv_row_stride) +
+           h_kv * p.dv_head_stride;
+  }
+  // First float of the GQA dK/dV accumulators at this CTA's K/V head, rows of nheads_kv * head_dim_rounded.
+  CUTE_DEVICE int64_t kv_accum_offset(BwdKernelParams const& p) const {
+    return (int64_t)b * p.seqlen_k_rounded * p.nheads_kv * p.head_dim_rounded + (int64_t)h_kv * p.head_dim_rounded;
+  }
+};
+
+}  // namespace flashcute

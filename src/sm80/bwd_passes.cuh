@@ -1,0 +1,54 @@
+// The kernels of one backward call, for every backward family, on one stream: preprocess (row terms, zeroed
+// workspace), the family's mainloop kernel, dQ conversion, and for GQA without determinism the dK/dV conversion.
+// The preprocess and conversion kernels are portable; the mainloop's traits T only lend them tile sizes and the
+// dQ accumulator's fragment order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/kernel_params.h"
+#include "sm80/bwd_postprocess.cuh"
+#include "sm80/bwd_preprocess.cuh"
+
+namespace flashcute::sm80 {
+
+template <class T, class Kernel>
+int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
+  using Element = typename T::Element;
+  auto const stream = static_cast<cudaStream_t>(stream_ptr);
+  // The workspace is carved for this config's tile head dim and query tile (src/api/workspace.h); the kernels
+  // index it with compile-time widths.
+  if (p.head_dim_rounded != T::kHeadDim || p.seqlen_q_rounded % 128 || p.seqlen_k_rounded % 128)
+    return cudaErrorInvalidValue;
+  constexpr int kRows = BwdRowKernel::kRows;
+
+  int const pre_rows = p.seqlen_q_rounded > p.seqlen_k_rounded ? p.seqlen_q_rounded : p.seqlen_k_rounded;
+  dim3 const pre_grid(pre_rows / kRows, p.nheads, p.batch);
+  bwd_preprocess_kernel<Element><<<pre_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  constexpr int smem = T::kSmemBytes;
+  if (smem > 48 * 1024) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+  }
+  // Varlen: seqlen_k is the longest sequence; key tiles past a shorter one are skipped at once. Deterministic mode
+  // runs dq_slots CTAs per column, each walking a strided set of key tiles (see the mainloop kernels).
+  bool const group_in_cta = p.nheads != p.nheads_kv && p.deterministic;
+  int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  dim3 const grid(p.deterministic ? p.dq_slots : key_tiles, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
+  kernel<<<grid, T::kThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  dim3 const dq_grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.nheads, p.batch);
+  bwd_convert_dq_kernel<T><<<dq_grid, T::kThreads, 0, stream>>>(p);
+  if (p.nheads != p.nheads_kv && !p.deterministic) {  // GQA's dk/dv were added into float32 accumulators
+    dim3 const kv_grid((p.seqlen_k + kRows - 1) / kRows, p.nheads_kv, p.batch);
+    bwd_postprocess_kernel<Element><<<kv_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flashcute::sm80

@@ -1,0 +1,292 @@
+// Hopper backward mainloop (wgmma + cp.async). One CTA owns a kBlockN tile of keys of one K/V head, one
+// warpgroup per 64 keys, and walks the query tiles that can see it (common/bwd_block.cuh), loading the next tile's
+// Q and dO while the current one is computed. Per query tile:
+//   S^T = K Q^T, dP^T = V dO^T;  P^T = exp2(S^T * scale_log2 - lse_log2);  dS^T = P^T * (dP^T - D)
+//   dV += P^T dO, dK += dS^T Q   (P^T and dS^T straight from the registers; dV, dK in registers for the whole walk)
+//   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics)
+// Semantics, workspace, GQA and deterministic mode as in the portable family (src/sm80/bwd_kernel.cuh).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "common/bwd_atomics.cuh"
+#include "common/bwd_block.cuh"
+#include "common/cute_utils.cuh"
+#include "common/kernel_params.h"
+#include "common/mask_apply.cuh"
+#include "sm90/bwd_traits.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace flashcute::sm90 {
+
+template <class T>
+__device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const n_block, float* const dq_slot) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM;
+  constexpr int kBlockN = T::kBlockN;
+  constexpr int kHeadDim = T::kHeadDim;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  int const tid = threadIdx.x;
+
+  BwdBlock<kBlockM, kBlockN> blk;
+  if (!blk.init(p, n_block)) return;
+  SeqInfo const& seq = blk.seq;
+  int const b = blk.b, n0 = blk.n0, num_iters = blk.num_iters, num_general = blk.num_general;
+
+  auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
+  auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  auto tile_st = Shape<Int<kBlockN>, Int<kBlockM>>{};  // S^T, dP^T
+
+  Tensor mK = make_tensor(make_gmem_ptr(blk.template k<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.k_row_stride, _1{}));  // (Sk, D)
+  Tensor mV = make_tensor(make_gmem_ptr(blk.template v<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
+  Element const* q_base = blk.template q<Element>(p);
+  Element const* do_base = blk.template dout<Element>(p);
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQs{});       // (kBlockM, D, stage)
+  Tensor sQt = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQst{});     // (D, kBlockM, stage)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQs{});   // (kBlockM, Dv, stage)
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQst{}); // (Dv, kBlockM, stage)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});       // (kBlockN, D)
+  Tensor sKt = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKt{});      // (D, kBlockN)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});       // (kBlockN, Dv)
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdSt{});   // (kBlockN, kBlockM)
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdS{});     // (kBlockM, kBlockN)
+
+  typename T::GmemLoad gmem_load;
+  auto load_thr = gmem_load.get_thread_slice(tid);
+  // Copy predicates: thread 0's coordinates against bounds shifted by this thread's base (copy_base).
+  Tensor tQcQ = copy_offsets(gmem_load, tile_q);     // (CPY, CPY_M, CPY_D)
+  Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);  // (CPY, CPY_N, CPY_D)
+  int load_row, load_col;
+  copy_base(load_thr, tile_q, load_row, load_col);
+  Tensor tQsQ = load_thr.partition_D(sQ);    // (CPY, CPY_M, CPY_D, stage)
+  Tensor tdOsdO = load_thr.partition_D(sdO);
+
+  // Q or dO rows of query tile m of head h into one stage, zero-filled past the sequence and head dim.
+  auto load_rows = [&](auto dst, Element const* base, int64_t head_stride, int64_t row_stride, int cols, int h,
+                       int m) __attribute__((always_inline)) {
+    Tensor mX = make_tensor(make_gmem_ptr(base + h * head_stride), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
+                            make_stride(row_stride, _1{}));  // (Sq, D)
+    Tensor tXgX = load_thr.partition_S(local_tile(mX, tile_q, make_coord(m, 0)));
+    copy_tile_zfill(gmem_load, tXgX, dst, tQcQ, seq.seqlen_q - m * kBlockM - load_row, cols - load_col);
+  };
+  // Q, dO and the lse_log2 and D of the rows of flat iteration `it` (the preprocess padded both row arrays to whole
+  // tiles, so those 16-byte copies need no bounds).
+  auto load_q_do = [&](int it, int stage) __attribute__((always_inline)) {
+    int h, m;
+    blk.tile_of(it, h, m);
+    load_rows(tQsQ(_, _, _, stage), q_base, p.q_head_stride, p.q_row_stride, p.head_dim, h, m);
+    load_rows(tdOsdO(_, _, _, stage), do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, h, m);
+    constexpr int kVecs = kBlockM / 4;
+    if (tid < 2 * kVecs) {
+      int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM + (tid % kVecs) * 4;
+      float const* src = (tid < kVecs ? p.lse_log2 : p.dsoftmax_sum) + row0;
+      float* dst = smem.rows + stage * 2 * kBlockM + (tid / kVecs) * kBlockM + (tid % kVecs) * 4;
+      SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*reinterpret_cast<cute::uint128_t const*>(src),
+                                                       *reinterpret_cast<cute::uint128_t*>(dst));
+    }
+  };
+
+  if (num_iters > 0) {
+    Tensor tKgK = load_thr.partition_S(local_tile(mK, tile_kv, make_coord(n_block, 0)));  // (CPY, CPY_N, CPY_D)
+    Tensor tVgV = load_thr.partition_S(local_tile(mV, tile_kv, make_coord(n_block, 0)));
+    copy_tile_zfill(gmem_load, tKgK, load_thr.partition_D(sK), tKVcKV, seq.seqlen_k - n0 - load_row,
+                    p.head_dim - load_col);
+    copy_tile_zfill(gmem_load, tVgV, load_thr.partition_D(sV), tKVcKV, seq.seqlen_k - n0 - load_row,
+                    p.head_dim_v - load_col);
+    load_q_do(0, 0);
+    cp_async_fence();
+  }
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmaKV mma_kv;
+  typename T::TiledMmaQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_kv = mma_kv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  // GMMA descriptors.
+  Tensor tSrK = thr_sdp.make_fragment_A(thr_sdp.partition_A(sK));      // (MMA, MMA_N, MMA_D)
+  Tensor tSrQ = thr_sdp.make_fragment_B(thr_sdp.partition_B(sQ));      // (MMA, MMA_M, MMA_D, stage)
+  Tensor tPrV = thr_sdp.make_fragment_A(thr_sdp.partition_A(sV));      // (MMA, MMA_N, MMA_Dv)
+  Tensor tPrdO = thr_sdp.make_fragment_B(thr_sdp.partition_B(sdO));    // (MMA, MMA_M, MMA_Dv, stage)
+  Tensor tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt));    // (MMA, MMA_Dv, MMA_M, stage)
+  Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt));      // (MMA, MMA_D, MMA_M, stage)
+  Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS));      // (MMA, MMA_M, MMA_N)
+  Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt));      // (MMA, MMA_D, MMA_N)
+
+  Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
+  Tensor acc_dv = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_Dv)
+  clear(acc_dk);
+  clear(acc_dv);
+
+  auto sts_ds = make_tiled_copy_C(typename T::SmemStoreC{}, mma_sdp);
+  auto sts_ds_thr = sts_ds.get_thread_slice(tid);
+  Tensor tdSsdS = sts_ds_thr.partition_D(sdSt);
+
+  // Rows (keys) and columns (queries) of the S^T tile this thread holds: its base plus thread 0's compile-time
+  // offsets, see TileCoords. The row terms are per query, i.e. per column here.
+  using Coords = TileCoords<typename T::TiledMmaSdP, decltype(tile_st)>;
+  Coords const s_base(mma_sdp, tile_st);
+  auto const s_off = Coords::offsets(mma_sdp, tile_st);  // (rows, cols)
+  constexpr int kRows = decltype(size<0>(s_off))::value;
+  constexpr int kCols = decltype(size<1>(s_off))::value;
+
+  // What this thread loaded has landed; after the barrier, what every thread loaded. cp.async and the dS^T stores
+  // write through the generic proxy and wgmma reads through the async one: the proxy fence orders them.
+  auto sync_smem = [&]() __attribute__((always_inline)) {
+    cutlass::arch::fence_view_async_shared();
+    __syncthreads();
+  };
+
+  auto step = [&](int it, auto general) __attribute__((always_inline)) {
+    constexpr bool kGeneral = decltype(general)::value;
+    int h, m;
+    blk.tile_of(it, h, m);
+    int const m0 = m * kBlockM;
+    int const stage = it & 1;
+    int64_t const bh = (int64_t)b * p.nheads + h;
+
+    // This step's Q/dO have landed, and every warpgroup is done with the previous step (its dQ read dS and the
+    // other stage), so the other stage may be refilled and dS overwritten.
+    cp_async_wait<0>();
+    sync_smem();
+    if (it + 1 < num_iters) {
+      load_q_do(it + 1, stage ^ 1);
+      cp_async_fence();
+    }
+
+    Tensor acc_s = partition_fragment_C(mma_sdp, tile_st);   // (MMA, MMA_N, MMA_M)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
+    warpgroup_issue<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+    warpgroup_issue<true, false>(mma_sdp, tPrV, tPrdO(_, _, _, stage), acc_dp);
+    Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries)
+    Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (keys, queries)
+    // Row terms from the preprocess; rows past the sequence hold its padding (lse_log2 = +inf, D = 0), so P = 0.
+    float const* lse2 = smem.rows + stage * 2 * kBlockM + s_base.col_base;
+    float const* dsum = lse2 + kBlockM;
+    if constexpr (kGeneral) {
+      warpgroup_wait_for<0>(acc_s, acc_dp);
+      if (p.softcap_prescale != 0.f) {
+        // s = c * tanh(x / c) enters exp2 as t * (c * log2 e) with t = tanh(x / c); ds/dx = 1 - t^2.
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            float const t = tanh_accurate(s(r, c) * p.softcap_prescale);
+            s(r, c) = t;
+            ds(r, c) = (ds(r, c) - dsum[get<1>(s_off(0, c))]) * (1.f - t * t);
+          }
+        }
+      } else {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) ds(r, c) -= dsum[get<1>(s_off(0, c))];
+        }
+      }
+      // Masking after the derivative factor: a masked score is -inf, which must only ever meet exp2, never t * t.
+      apply_mask_transposed(acc_s, mma_sdp, tile_st, blk.mask, n0, m0);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          // -inf scores and +inf lse_log2 both give exp2(-inf) = 0; neither can make NaN here.
+          float const pr = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<1>(s_off(0, c))]));
+          s(r, c) = pr;
+          ds(r, c) *= pr;
+        }
+      }
+    } else {
+      // P^T's exponentials run while dP^T is still being computed.
+      warpgroup_wait_for<1>(acc_s);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) s(r, c) = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<1>(s_off(0, c))]));
+      }
+      warpgroup_wait_for<0>(acc_dp);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) ds(r, c) = (ds(r, c) - dsum[get<1>(s_off(0, c))]) * s(r, c);
+      }
+    }
+    Tensor rP = convert_to<Element>(acc_s);
+    Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
+    warpgroup_issue<false, true>(mma_kv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
+    Tensor rdS = convert_to<Element>(acc_dp);
+    cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
+    Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
+    warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
+    sync_smem();  // every warpgroup's dS^T rows are in shared memory
+
+    Tensor acc_dq = partition_fragment_C(mma_dq, tile_q);  // (MMA, MMA_M, MMA_D / warpgroups)
+    warpgroup_issue<true, false>(mma_dq, tQrdS, tQrKt, acc_dq);
+    warpgroup_wait_for<0>(acc_dv, acc_dk, acc_dq, rP, rdS);
+    atomic_add_dq_tile<T>(dq_slot + (bh * p.seqlen_q_rounded + m0) * kHeadDim, acc_dq);
+  };
+  for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
+  for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
+
+  // Epilogue.
+  if (blk.gqa && !blk.group_in_cta) {
+    if (num_iters == 0) return;  // the accumulators were zeroed by the preprocess
+    int64_t const row_stride = (int64_t)p.nheads_kv * kHeadDim;
+    int64_t const off = blk.kv_accum_offset(p);
+    Tensor mdKacc = make_tensor(make_gmem_ptr(p.dk_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
+                                make_stride(row_stride, _1{}));  // (Sk_rounded, D)
+    Tensor mdVacc = make_tensor(make_gmem_ptr(p.dv_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
+                                make_stride(row_stride, _1{}));  // (Sk_rounded, Dv)
+    Tensor tdKg = thr_kv.partition_C(local_tile(mdKacc, tile_kv, make_coord(n_block, 0)));  // (MMA, MMA_N, MMA_D)
+    Tensor tdVg = thr_kv.partition_C(local_tile(mdVacc, tile_kv, make_coord(n_block, 0)));
+    atomic_add_fragment(tdKg, acc_dk);
+    atomic_add_fragment(tdVg, acc_dv);
+    return;
+  }
+
+  // dK and dV go through K's and V's shared memory (16-byte global stores along rows); every warpgroup must be
+  // done reading K and V first.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+  Tensor rdK = convert_to<Element>(acc_dk);
+  Tensor rdV = convert_to<Element>(acc_dv);
+  __syncthreads();
+  auto sts_kv = make_tiled_copy_C(typename T::SmemStoreC{}, mma_kv);
+  auto sts_kv_thr = sts_kv.get_thread_slice(tid);
+  cute::copy(sts_kv, sts_kv_thr.retile_S(rdK), sts_kv_thr.partition_D(sK));
+  cute::copy(sts_kv, sts_kv_thr.retile_S(rdV), sts_kv_thr.partition_D(sV));
+  __syncthreads();
+
+  Tensor mdK = make_tensor(make_gmem_ptr(blk.template dk<Element>(p)), make_shape(blk.key_rows, Int<kHeadDim>{}),
+                           make_stride(p.dk_row_stride, _1{}));  // (Sk, D)
+  Tensor mdV = make_tensor(make_gmem_ptr(blk.template dv<Element>(p)), make_shape(blk.key_rows, Int<kHeadDim>{}),
+                           make_stride(p.dv_row_stride, _1{}));  // (Sk, Dv)
+  store_tile(typename T::GmemStore{}, sK, local_tile(mdK, tile_kv, make_coord(n_block, 0)), tile_kv,
+             blk.key_rows - n0, p.head_dim);
+  store_tile(typename T::GmemStore{}, sV, local_tile(mdV, tile_kv, make_coord(n_block, 0)), tile_kv,
+             blk.key_rows - n0, p.head_dim_v);
+}
+
+// Grid and deterministic mode as in the portable family: one key tile per CTA, or dq_slots CTAs per column each
+// walking key tiles s, s + slots, ... and adding dQ only into slot s.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  int const stride = p.deterministic ? gridDim.x : key_tiles;
+  float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
+  for (int n = blockIdx.x; n < key_tiles; n += stride) {
+    bwd_key_tile<T>(p, n, dq_slot);
+    __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
+  }
+#else
+  __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
+#endif
+}
+
+}  // namespace flashcute::sm90
