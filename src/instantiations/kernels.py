@@ -82,11 +82,15 @@ FWD_SM90 = [
     ("sm90", "fwd", 256, 128, 64, 8, 1, 3, "192 KB"),
 ]
 
-# Backward, Hopper wgmma path: one warpgroup per 64 keys of the CTA's key tile, 64 query rows per step, Q/dO
-# double-buffered. dK and dV stay in registers (head_dim / 2 each per thread), which bounds the head dim.
+# Backward, Hopper wgmma path: 64 query rows per step, Q/dO double-buffered, two warpgroups. Up to hd128 each
+# warpgroup owns 64 of the 128 keys and keeps dK, dV for them in registers (head_dim / 2 floats each per thread);
+# above, both warpgroups take the same 64 keys and split the head dim (block_n 64, see src/sm90/bwd_traits.cuh).
 BWD_SM90 = [
     ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "81 KB"),
+    ("sm90", "bwd", 96, 64, 128, 8, 1, 3, "113 KB"),
     ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "145 KB"),
+    ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "161 KB"),
+    ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "209 KB"),
 ]
 
 KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + BWD_SM90

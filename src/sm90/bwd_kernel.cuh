@@ -1,9 +1,10 @@
-// Hopper backward mainloop (wgmma + cp.async). One CTA owns a kBlockN tile of keys of one K/V head, one
-// warpgroup per 64 keys, and walks the query tiles that can see it (common/bwd_block.cuh), loading the next tile's
-// Q and dO while the current one is computed. Per query tile:
+// Hopper backward mainloop (wgmma + cp.async). One CTA owns a kBlockN tile of keys of one K/V head and walks the
+// query tiles that can see it (common/bwd_block.cuh), loading the next tile's Q and dO while the current one is
+// computed. Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T;  P^T = exp2(S^T * scale_log2 - lse_log2);  dS^T = P^T * (dP^T - D)
-//   dV += P^T dO, dK += dS^T Q   (P^T and dS^T straight from the registers; dV, dK in registers for the whole walk)
+//   dV += P^T dO, dK += dS^T Q   (dV, dK in registers for the whole walk)
 //   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics)
+// How the warpgroups share the work (one per 64 keys, or all on 64 keys splitting the head dim): see BwdTraits.
 // Semantics, workspace, GQA and deterministic mode as in the portable family (src/sm80/bwd_kernel.cuh).
 #pragma once
 
@@ -56,6 +57,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});       // (kBlockN, Dv)
   Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdSt{});   // (kBlockN, kBlockM)
   Tensor sdS = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdS{});     // (kBlockM, kBlockN)
+  Tensor sPt = make_tensor(make_smem_ptr(smem.ds + (T::kSplitHeadDim ? cosize_v<typename T::SmemLayoutdSt> : 0)),
+                           typename T::SmemLayoutdSt{});                            // (kBlockN, kBlockM)
 
   typename T::GmemLoad gmem_load;
   auto load_thr = gmem_load.get_thread_slice(tid);
@@ -117,7 +120,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt));    // (MMA, MMA_Dv, MMA_M, stage)
   Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt));      // (MMA, MMA_D, MMA_M, stage)
   Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS));      // (MMA, MMA_M, MMA_N)
-  Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt));      // (MMA, MMA_D, MMA_N)
+  Tensor tVsPt = thr_kv.make_fragment_A(thr_kv.partition_A(sPt));      // kSplitHeadDim: (MMA, MMA_N, MMA_M)
+  Tensor tKsdSt = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt));
 
   Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
   Tensor acc_dv = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_Dv)
@@ -127,6 +131,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   auto sts_ds = make_tiled_copy_C(typename T::SmemStoreC{}, mma_sdp);
   auto sts_ds_thr = sts_ds.get_thread_slice(tid);
   Tensor tdSsdS = sts_ds_thr.partition_D(sdSt);
+  Tensor tPsPt = sts_ds_thr.partition_D(sPt);
 
   // Rows (keys) and columns (queries) of the S^T tile this thread holds: its base plus thread 0's compile-time
   // offsets, see TileCoords. The row terms are per query, i.e. per column here.
@@ -217,18 +222,33 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       }
     }
     Tensor rP = convert_to<Element>(acc_s);
-    Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
-    warpgroup_issue<false, true>(mma_kv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
     Tensor rdS = convert_to<Element>(acc_dp);
-    cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
-    Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
-    warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
-    sync_smem();  // every warpgroup's dS^T rows are in shared memory
+    if constexpr (T::kSplitHeadDim) {
+      cute::copy(sts_ds, sts_ds_thr.retile_S(rP), tPsPt);
+      cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
+      sync_smem();  // every warpgroup's P^T and dS^T columns are in shared memory
+      warpgroup_issue<false, false>(mma_kv, tVsPt, tVrdOt(_, _, _, stage), acc_dv);
+      warpgroup_issue<false, false>(mma_kv, tKsdSt, tKrQt(_, _, _, stage), acc_dk);
+    } else {
+      Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
+      warpgroup_issue<false, true>(mma_kv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
+      cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
+      Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
+      warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
+      sync_smem();  // every warpgroup's dS^T rows are in shared memory
+    }
 
-    Tensor acc_dq = partition_fragment_C(mma_dq, tile_q);  // (MMA, MMA_M, MMA_D / warpgroups)
-    warpgroup_issue<true, false>(mma_dq, tQrdS, tQrKt, acc_dq);
-    warpgroup_wait_for<0>(acc_dv, acc_dk, acc_dq, rP, rdS);
-    atomic_add_dq_tile<T>(dq_slot + (bh * p.seqlen_q_rounded + m0) * kHeadDim, acc_dq);
+    float* const dq_tile = dq_slot + (bh * p.seqlen_q_rounded + m0) * kHeadDim;  // this query tile's chunks
+    CUTE_UNROLL
+    for (int c = 0; c < T::kDqChunks; ++c) {
+      auto tile_dq = Shape<Int<kBlockM>, Int<T::kDqCols>>{};
+      Tensor sKt_c = local_tile(sKt, Shape<Int<T::kDqCols>, Int<kBlockN>>{}, make_coord(c, 0));  // (Dc, kBlockN)
+      Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt_c));  // (MMA, MMA_Dc, MMA_N)
+      Tensor acc_dq = partition_fragment_C(mma_dq, tile_dq);              // (MMA, MMA_M, MMA_Dc / warpgroups)
+      warpgroup_issue<true, false>(mma_dq, tQrdS, tQrKt, acc_dq);
+      warpgroup_wait_for<0>(acc_dv, acc_dk, acc_dq, rP, rdS);
+      atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);
+    }
   };
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});

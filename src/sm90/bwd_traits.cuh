@@ -1,5 +1,5 @@
-// Compile-time description of one Hopper backward kernel: one warpgroup per 64 keys of the CTA's key tile, the
-// five wgmma products with their operand majors, GMMA shared-memory layouts (two Q/dO stages) and the copies.
+// Compile-time description of one Hopper backward kernel: how its warpgroups share a key tile, the five wgmma
+// products with their operand majors, GMMA shared-memory layouts (two Q/dO stages) and the copies.
 // Tiles are chosen in src/instantiations/kernels.py, whose generate.py smem_bytes() mirrors kSmemBytes.
 #pragma once
 
@@ -31,50 +31,65 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpgroups = kThreads / 128;
   static constexpr int kStages = 2;  // Q/dO of step i + 1 load while step i is computed
-  static_assert(kBlockN == 64 * kWarpgroups, "one warpgroup per 64 keys");
-    static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
+  // Warpgroups either take 64 keys each (kBlockN = 64 * warpgroups), or, for head dims whose dK and dV would not
+  // fit one warpgroup's registers, all take the same 64 keys and split the head dim (kSplitHeadDim).
+  static constexpr bool kSplitHeadDim = kBlockN == 64 && kWarpgroups > 1;
+  static_assert(kBlockN == 64 * kWarpgroups || kSplitHeadDim);
+  static constexpr int kKeyGroups = kSplitHeadDim ? 1 : kWarpgroups;
+  static constexpr int kDimGroups = kSplitHeadDim ? kWarpgroups : 1;
+  static_assert(kBlockM == 64, "dQ = dS K: one wgmma row block, its columns split over the warpgroups");
+  static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
 
-  // Products, every one with 64 rows per warpgroup:
+  // Products, every one with 64 rows per wgmma:
   //   S^T = K Q^T, dP^T = V dO^T   (keys x queries; A and B K-major in shared memory)
-  //   dV += P^T dO, dK += dS^T Q   (keys x head dim; P^T, dS^T from registers, dO and Q read MN-major)
+  //   dV += P^T dO, dK += dS^T Q   (keys x head dim; dO and Q read MN-major)
   //   dQ = dS K                    (queries x head dim, split by columns over the warpgroups; dS and K read MN-major)
   // Computing S^T rather than S leaves P^T and dS^T in the registers that dV and dK take as their A operand, so only
-  // dS goes through shared memory.
-  using AtomLayoutKeys = Layout<Shape<Int<kWarpgroups>, _1, _1>>;
+  // dS goes through shared memory. With kSplitHeadDim each warpgroup computes S^T and dP^T for its share of the
+  // queries, and dV / dK for its share of the head dim: P^T and dS^T go through shared memory for both.
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(), AtomLayoutKeys{}));
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kDimGroups>, Int<kHeadDim>>>(),
+      Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
+  using KVShape = Shape<_64, Int<kHeadDim / kDimGroups>, Int<kBlockM>>;
   using TiledMmaKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      AtomLayoutKeys{}));
-  static constexpr int kDqColsPerWarpgroup = kHeadDim / kWarpgroups;
+      std::conditional_t<kSplitHeadDim,
+                         decltype(GMMA::ss_op_selector<Element, Element, float, KVShape, GMMA::Major::K,
+                                                       GMMA::Major::MN>()),
+                         decltype(GMMA::rs_op_selector<Element, Element, float, KVShape, GMMA::Major::K,
+                                                       GMMA::Major::MN>())>{},
+      Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
+  // dQ in column chunks of kDqCols, each split over the warpgroups. One chunk serves up to hd192; hd256 takes four
+  // (32 columns, 16 registers per thread each). ptxas on sm_90a, nvcc 13.0: hd256 with two chunks spilled 12 B.
+  static constexpr int kDqChunks = kHeadDim == 256 ? 4 : 1;
+  static constexpr int kDqCols = kHeadDim / kDqChunks;
+  static constexpr int kDqColsPerWarpgroup = kDqCols / kWarpgroups;
   using TiledMmaQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqColsPerWarpgroup>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
-  static_assert(kBlockM == 64, "dQ = dS K: one wgmma row block, its columns split over the warpgroups");
-  // What the dQ conversion kernel (src/sm80/bwd_postprocess.cuh) reads: dQ comes in one chunk of all columns.
-  static constexpr int kDqChunks = 1;
-  static constexpr int kDqCols = kHeadDim;
 
-  // The float32 dQ accumulator holds each (kBlockM, D) tile in the dQ product's fragment order, as the portable
-  // family does (src/sm80/bwd_traits.cuh): pair j of thread t at 2 * (j * kThreads + t) + {0, 1}, so one warp's
-  // atomic covers 256 contiguous bytes.
+  // The float32 dQ accumulator holds each (kBlockM, kDqCols) chunk in the dQ product's fragment order, as the
+  // portable family does (src/sm80/bwd_traits.cuh): pair j of thread t at 2 * (j * kThreads + t) + {0, 1}, so one
+  // warp's atomic covers 256 contiguous bytes.
   CUTE_HOST_DEVICE static constexpr int dq_frag_offset(int i, int thread) {
     return 2 * ((i / 2) * kThreads + thread) + i % 2;
   }
 
-  // Q and dO rows are read K-major by S^T / dP^T and, transposed, MN-major by dK / dV. K is read K-major by S^T
-  // and, transposed, MN-major by dQ in column slices of kDqColsPerWarpgroup, so its swizzle width must divide those.
-  using SmemLayoutQ = decltype(tile_to_shape(GmmaAtomK<Element, kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutQs = decltype(tile_to_shape(GmmaAtomK<Element, kHeadDim>{},
+  // Q and dO rows are read K-major by S^T / dP^T and, transposed, MN-major by dK / dV in column slices of
+  // kHeadDim / kDimGroups. K is read K-major by S^T and, transposed, MN-major by dQ in column slices of
+  // kDqColsPerWarpgroup. Each swizzle width must divide its slices.
+  using SmemAtomQ = GmmaAtomK<Element, kHeadDim / kDimGroups>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutQs = decltype(tile_to_shape(SmemAtomQ{},
                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQst = decltype(composition(
       SmemLayoutQs{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-  using SmemLayoutKV = decltype(tile_to_shape(GmmaAtomK<Element, kDqColsPerWarpgroup>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutKV =
+      decltype(tile_to_shape(GmmaAtomK<Element, kDqColsPerWarpgroup>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
-  // dS^T is stored as the registers hold it (keys x queries, queries contiguous) and read as dS, MN-major.
+  // dS^T (and P^T) are stored as the registers hold them (keys x queries, queries contiguous): read K-major by
+  // dK (dV), and dS^T, transposed, MN-major by dQ.
   using SmemLayoutdSt = decltype(tile_to_shape(GmmaAtomK<Element, kBlockM>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
   using SmemLayoutdS = decltype(composition(
       SmemLayoutdSt{}, make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, Step<_2, _1>{})));
@@ -88,12 +103,14 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     alignas(1024) Element dout[cosize_v<SmemLayoutQs>];
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];  // reused for dK in the epilogue
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];  // reused for dV in the epilogue
-    alignas(1024) Element ds[cosize_v<SmemLayoutdSt>];
+    // dS^T, then (kSplitHeadDim) P^T.
+    alignas(1024) Element ds[(kSplitHeadDim ? 2 : 1) * cosize_v<SmemLayoutdSt>];
     // Per Q stage: lse_log2 then D of its kBlockM rows (as in the portable family).
     alignas(1024) float rows[kStages * 2 * kBlockM];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + kBlockN * kBlockM) * 2 +
+  static_assert(kSmemBytes == (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim +
+                                (kSplitHeadDim ? 2 : 1) * kBlockN * kBlockM) * 2 +
                                   ((kStages * 2 * kBlockM * 4 + 1023) / 1024) * 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
