@@ -15,7 +15,6 @@ struct BwdBlock {
   int b, n_block, n0;
   SeqInfo seq;
   Mask mask;
-  int key_rows;  // every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get zeros
   // GQA: nondeterministic CTAs take one query head each and add dK/dV into float32 accumulators; deterministic
   // ones take the whole group in order, so dK/dV are summed in registers and need no ordering of their own.
   bool gqa, group_in_cta;
@@ -29,9 +28,8 @@ struct BwdBlock {
     b = blockIdx.z;
     n_block = n;
     seq = SeqInfo::make(p, b);
-    key_rows = p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : seq.seqlen_k;
     n0 = n_block * kBlockN;
-    if (n0 >= key_rows) return false;
+    if (n0 >= key_rows(p)) return false;
     gqa = p.nheads != p.nheads_kv;
     group_in_cta = gqa && p.deterministic;
     h_kv = group_in_cta ? blockIdx.y : blockIdx.y / p.kv_group;
@@ -61,6 +59,12 @@ struct BwdBlock {
     per_head_general = cutlass::FastDivmod(max(num_m_general, 1));
     per_head_plain = cutlass::FastDivmod(max(num_m_plain, 1));
     return true;
+  }
+
+  // Every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get zeros. Recomputed where
+  // needed rather than kept: held across the mainloop, it was what ptxas spilled (hd256 64x16 on sm_80).
+  CUTE_DEVICE int key_rows(BwdKernelParams const& p) const {
+    return p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : seq.seqlen_k;
   }
 
   // Flat iteration -> (query head, query tile).

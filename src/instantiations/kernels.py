@@ -58,7 +58,7 @@ def bwd_smem_bytes(head_dim, block_m, block_n, warps):
 # Q/dO are re-read and how many dQ additions each query row receives, so it stays as large as the part allows
 # without ptxas spills on any target (sm_80, sm_90a, sm_120). Dropped in the sixth session for their spills (bytes
 # on sm_80 / sm_90a / sm_120): hd64 128x128 (40/48/12), hd128 64x128 (64/52/0), hd192 64x64 (24/8/0), hd256 64x64
-# (56/48/0), hd256 32x32 w4 with B a slice ahead (48/32/12). On the H200, where they were 0.97-1.03x FA2, hd64 and
+# (56/48/0), hd256 32x32 w4 (48/32/12). On the H200, where they were 0.97-1.03x FA2, hd64 and
 # hd128 now run the Hopper family below.
 BWD_SM80 = [
     ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "89 KB, Q double-buffered: every profile"),
@@ -67,7 +67,9 @@ BWD_SM80 = [
     ("sm80", "bwd", 128, 64, 64, 8, 1, 1, "97 KB, Q double-buffered: every profile"),
     ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92.5 KB, Q double-buffered: every profile"),
     ("sm80", "bwd", 256, 32, 64, 8, 1, 2, "120.5 KB, Q double-buffered"),
-    ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84.5 KB, Q double-buffered: 99 KB parts (64x32 needs 104 KB)"),
+    # 99 KB parts: 64x32 needs 104 KB; 32x32 w4 spilled 32-48 B on sm_80 in every variant tried (dQ in 8 chunks,
+    # B a copy ahead, a single Q stage); 64x16 w4 is spill-free (its dK, dV take 64 registers per thread).
+    ("sm80", "bwd", 256, 64, 16, 4, 1, 1, "84.5 KB, single Q stage: 99 KB parts"),
 ]
 
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares). One warpgroup per 64 query
@@ -82,12 +84,14 @@ FWD_SM90 = [
     ("sm90", "fwd", 256, 128, 64, 8, 1, 3, "192 KB"),
 ]
 
-# Backward, Hopper wgmma path: 64 query rows per step, Q/dO double-buffered, two warpgroups. Up to hd128 each
-# warpgroup owns 64 of the 128 keys and keeps dK, dV for them in registers (head_dim / 2 floats each per thread);
-# above, both warpgroups take the same 64 keys and split the head dim (block_n 64, see src/sm90/bwd_traits.cuh).
+# Backward, Hopper wgmma path: 64 query rows per step, Q/dO double-buffered, two warpgroups. With block_n 128 each
+# warpgroup owns 64 of the keys and keeps dK, dV for them in registers (head_dim / 2 floats each per thread); with
+# block_n 64 both warpgroups take the same 64 keys and split the head dim (see src/sm90/bwd_traits.cuh). hd96 runs
+# the portable kernel: 64x128 here spilled 8 B on sm_90a once the epilogue moved into common/bwd_epilogue.cuh, and
+# the spill-free 64x64 ran at 175-214 TFLOP/s on the H200 against the portable 64x128's 220-282 (bench/RESULTS.md,
+# sixth session, run D).
 BWD_SM90 = [
     ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "81 KB"),
-    ("sm90", "bwd", 96, 64, 128, 8, 1, 3, "113 KB"),
     ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "145 KB"),
     ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "161 KB"),
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "209 KB"),

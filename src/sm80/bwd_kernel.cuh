@@ -1,13 +1,15 @@
 // Portable backward mainloop (mma.sync + cp.async + ldmatrix). One CTA owns a kBlockN tile of keys of one K/V head
-// and walks the query tiles that can see it; per query tile it recomputes P from the forward's lse and adds
+// and walks the query tiles that can see it (common/bwd_block.cuh); per query tile it recomputes P from the
+// forward's lse and adds
 //   dV += P^T dO,  dK += dS^T Q  (registers, whole loop)   and   dQ += dS K  (float32 workspace, per tile)
 // with dS = P * (dP - D), dP = dO V^T (DESIGN.md section 2). Softmax scale: see bwd_postprocess.cuh.
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/fast_math.h>
 
 #include "common/bwd_atomics.cuh"
+#include "common/bwd_block.cuh"
+#include "common/bwd_epilogue.cuh"
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
@@ -34,66 +36,19 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   int const tid = threadIdx.x;
 
-  int const b = blockIdx.z;
-  SeqInfo const seq = SeqInfo::make(p, b);
-  // Every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get exact zeros.
-  int const key_rows = p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : seq.seqlen_k;
-  int const n0 = n_block * kBlockN;
-  if (n0 >= key_rows) return;
-
-  // GQA: nondeterministic CTAs take one query head each and add dK/dV into float32 accumulators; deterministic
-  // ones take the whole group in order, so dK/dV are summed in registers and need no ordering of their own.
-  bool const gqa = p.nheads != p.nheads_kv;
-  bool const group_in_cta = gqa && p.deterministic;
-  int const h_kv = group_in_cta ? blockIdx.y : blockIdx.y / p.kv_group;
-  int const h_first = group_in_cta ? blockIdx.y * p.kv_group : blockIdx.y;
-  int const num_heads = group_in_cta ? p.kv_group : 1;
-
-  Mask const mask = seq.mask(p);
-  int m_begin = 0, num_m = 0;
-  if (n0 < seq.seqlen_k) {
-    int const q_lo = mask.query_begin(n0);
-    int const q_hi = mask.query_end(min(n0 + kBlockN, seq.seqlen_k));
-    if (q_hi > q_lo) m_begin = q_lo / kBlockM, num_m = (q_hi + kBlockM - 1) / kBlockM - m_begin;
-  }
-  // One flat walk over (head, query tile) pairs, so the Q/dO prefetch crosses head boundaries like tile ones.
-  int const num_iters = num_m * num_heads;
-  // Query tiles [m_plain_lo, m_plain_hi) see every key of this tile. Without softcap they take the plain step (no
-  // mask, no softcap code) in a loop of their own after the general ones, as in the forward (see fwd_kernel.cuh
-  // for the measurements behind two loops in sequence). The order of query tiles changes no bits: in
-  // deterministic mode each dQ float still receives its additions in key-tile order.
-  int m_plain_lo = m_begin, m_plain_hi = m_begin;
-  if (p.softcap_prescale == 0.f)
-    mask.full_query_tiles(n0, n0 + kBlockN, kBlockM, m_begin, m_begin + num_m, m_plain_lo, m_plain_hi);
-  int const num_m_plain = m_plain_hi - m_plain_lo;
-  int const num_m_general = num_m - num_m_plain;
-  int const num_general = num_m_general * num_heads;
-  // Flat iteration -> (head, query tile): the general tiles of every head (those below the plain range, then
-  // those above it), then the plain ones.
-  cutlass::FastDivmod const per_head_general(max(num_m_general, 1)), per_head_plain(max(num_m_plain, 1));
-  auto tile_of = [&](int it, int& h, int& m) {
-    bool const general = it < num_general;
-    int const j = general ? it : it - num_general;
-    int dh, k;
-    if (general)
-      per_head_general(dh, k, j);
-    else
-      per_head_plain(dh, k, j);
-    h = h_first + dh;
-    m = !general ? m_plain_lo + k : k < m_plain_lo - m_begin ? m_begin + k : m_plain_hi + (k - (m_plain_lo - m_begin));
-  };
+  BwdBlock<kBlockM, kBlockN> blk;
+  if (!blk.init(p, n_block)) return;
+  SeqInfo const& seq = blk.seq;
+  int const b = blk.b, n0 = blk.n0, num_iters = blk.num_iters, num_general = blk.num_general;
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
   auto tile_s = Shape<Int<kBlockM>, Int<kBlockN>>{};
 
-  Element const* k_ptr = static_cast<Element const*>(p.k) + seq.k_offset(p, b, p.k_batch_stride, p.k_row_stride) +
-                         h_kv * p.k_head_stride;
-  Element const* v_ptr = static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
-                         h_kv * p.v_head_stride;
-  Element const* q_base = static_cast<Element const*>(p.q) + seq.q_offset(p, b, p.q_batch_stride, p.q_row_stride);
-  Element const* do_base =
-      static_cast<Element const*>(p.dout) + seq.q_offset(p, b, p.dout_batch_stride, p.dout_row_stride);
+  Element const* k_ptr = blk.template k<Element>(p);
+  Element const* v_ptr = blk.template v<Element>(p);
+  Element const* q_base = blk.template q<Element>(p);
+  Element const* do_base = blk.template dout<Element>(p);
   Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(p.k_row_stride, _1{}));  // (Sk, D)
   Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
@@ -123,27 +78,19 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   auto load_q_rows = [&](Element* dst, Element const* base, int64_t head_stride, int64_t row_stride, int cols,
                          int it) {
     int h, m;
-    tile_of(it, h, m);
+    blk.tile_of(it, h, m);
     Tensor mX = make_tensor(make_gmem_ptr(base + h * head_stride), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                             make_stride(row_stride, _1{}));  // (Sq, D)
     Tensor tXgX = load_thr.partition_S(local_tile(mX, tile_q, make_coord(m, 0)));
     Tensor tXsX = load_thr.partition_D(make_tensor(make_smem_ptr(dst), typename T::SmemLayoutQ{}));
     copy_tile_zfill(gmem_load, tXgX, tXsX, tQcQ, seq.seqlen_q - m * kBlockM - load_row, cols - load_col);
   };
-  // Q of flat iteration `it`, with the lse_log2 and D of its rows (the preprocess padded both arrays to whole
-  // tiles, so these 16-byte copies need no bounds).
+  // Q of flat iteration `it`, with the lse_log2 and D of its rows.
   auto load_q = [&](int it, int stage) {
     load_q_rows(smem.q + stage * T::kQElems, q_base, p.q_head_stride, p.q_row_stride, p.head_dim, it);
-    constexpr int kVecs = kBlockM / 4;
-    if (tid < 2 * kVecs) {
-      int h, m;
-      tile_of(it, h, m);
-      int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM + (tid % kVecs) * 4;
-      float const* src = (tid < kVecs ? p.lse_log2 : p.dsoftmax_sum) + row0;
-      float* dst = smem.rows + stage * 2 * kBlockM + (tid / kVecs) * kBlockM + (tid % kVecs) * 4;
-      SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*reinterpret_cast<cute::uint128_t const*>(src),
-                                                       *reinterpret_cast<cute::uint128_t*>(dst));
-    }
+    int h, m;
+    blk.tile_of(it, h, m);
+    load_row_terms<kBlockM>(p, b, h, m, smem.rows + stage * 2 * kBlockM);
   };
   auto load_do = [&](int it) {
     load_q_rows(smem.dout, do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, it);
@@ -219,7 +166,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   auto step = [&](int it, auto general) __attribute__((always_inline)) {
     constexpr bool kGeneral = decltype(general)::value;
     int h, m;
-    tile_of(it, h, m);
+    blk.tile_of(it, h, m);
     int const m0 = m * kBlockM;
     int const stage = kDoubleQ ? (it & 1) : 0;
     int64_t const bh = (int64_t)b * p.nheads + h;
@@ -273,7 +220,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
         }
       }
       // Masking after the derivative factor: a masked score is -inf, which must only ever meet exp2, never t * t.
-      apply_mask(acc_s, mma_sdp, tile_s, mask, m0, n0);
+      apply_mask(acc_s, mma_sdp, tile_s, blk.mask, m0, n0);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -312,8 +259,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     }
     __syncthreads();  // P and dS are read by other warps' dV, dK and dQ products
 
-    gemm_ss<T::kStreamKV>(acc_dv, tVrPt, tVrdOt, tVsPt, tVsdOt, mma_kv, ldsm_kv_a, ldsm_kv_b);
-    if constexpr (!kDoubleQ) gemm_ss<T::kStreamKV>(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
+    gemm_ss(acc_dv, tVrPt, tVrdOt, tVsPt, tVsdOt, mma_kv, ldsm_kv_a, ldsm_kv_b);
+    if constexpr (!kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
     if (it + 1 < num_iters) {
       // Every warp is done reading dO (and the single Q stage): refill them under the dQ product.
       __syncthreads();
@@ -332,71 +279,18 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       gemm_ss(acc_dq, tQrdS, tQrKt, tQsdS, tQsKt, mma_q, ldsm_q_a, ldsm_q_b);
       atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);
     }
-    if constexpr (kDoubleQ) gemm_ss<T::kStreamKV>(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
+    if constexpr (kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
   };
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
-  // Epilogue.
-  if (gqa && !group_in_cta) {
-    if (num_iters == 0) return;  // the accumulators were zeroed by the preprocess
-    int64_t const row_stride = (int64_t)p.nheads_kv * kHeadDim;
-    int64_t const off = (int64_t)b * p.seqlen_k_rounded * row_stride + (int64_t)h_kv * kHeadDim;
-    Tensor mdKacc = make_tensor(make_gmem_ptr(p.dk_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
-                                make_stride(row_stride, _1{}));  // (Sk_rounded, D)
-    Tensor mdVacc = make_tensor(make_gmem_ptr(p.dv_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
-                                make_stride(row_stride, _1{}));  // (Sk_rounded, Dv)
-    Tensor tdKg = kv_thr.partition_C(local_tile(mdKacc, tile_kv, make_coord(n_block, 0)));  // (MMA, MMA_N, MMA_D)
-    Tensor tdVg = kv_thr.partition_C(local_tile(mdVacc, tile_kv, make_coord(n_block, 0)));
-    atomic_add_fragment(tdKg, acc_dk);
-    atomic_add_fragment(tdVg, acc_dv);
-    return;
-  }
-
-  // dK and dV go through K's and V's smem (16-byte global stores along rows); every warp must be done reading
-  // K and V first.
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
-  Tensor rdK = convert_to<Element>(acc_dk);
-  Tensor rdV = convert_to<Element>(acc_dv);
-  __syncthreads();
-  auto sts_kv = make_tiled_copy_C(typename T::SmemStoreC{}, mma_kv);
-  auto sts_kv_thr = sts_kv.get_thread_slice(tid);
-  Tensor tdKsdK = sts_kv_thr.partition_D(sK);
-  Tensor tdVsdV = sts_kv_thr.partition_D(sV);
-  cute::copy(sts_kv, sts_kv_thr.retile_S(rdK), tdKsdK);
-  cute::copy(sts_kv, sts_kv_thr.retile_S(rdV), tdVsdV);
-  __syncthreads();
-
-  Element* dk_ptr = static_cast<Element*>(p.dk) + seq.k_offset(p, b, p.dk_batch_stride, p.dk_row_stride) +
-                    h_kv * p.dk_head_stride;
-  Element* dv_ptr = static_cast<Element*>(p.dv) + seq.k_offset(p, b, p.dv_batch_stride, p.dv_row_stride) +
-                    h_kv * p.dv_head_stride;
-  Tensor mdK = make_tensor(make_gmem_ptr(dk_ptr), make_shape(key_rows, Int<kHeadDim>{}),
-                           make_stride(p.dk_row_stride, _1{}));  // (Sk, D)
-  Tensor mdV = make_tensor(make_gmem_ptr(dv_ptr), make_shape(key_rows, Int<kHeadDim>{}),
-                           make_stride(p.dv_row_stride, _1{}));  // (Sk, Dv)
-  Tensor gdK = local_tile(mdK, tile_kv, make_coord(n_block, 0));  // (kBlockN, D)
-  Tensor gdV = local_tile(mdV, tile_kv, make_coord(n_block, 0));  // (kBlockN, Dv)
-
-  store_tile(typename T::GmemStore{}, sK, gdK, tile_kv, key_rows - n0, p.head_dim);
-  store_tile(typename T::GmemStore{}, sV, gdV, tile_kv, key_rows - n0, p.head_dim_v);
+  store_dk_dv<T>(p, blk, mma_kv, acc_dk, acc_dv, sK, sV);
 }
 
-// Grid: (key tiles, or dq_slots in deterministic mode; nheads, or nheads_kv for deterministic GQA; batch).
-// Default: one key tile per CTA, every CTA adding dQ into the one accumulator with atomics (their order varies).
-// Deterministic: CTA s of a column walks key tiles s, s + slots, ... and adds only into slot s. The dQ fragment of
-// a query tile maps to the same threads for every key tile, so each float is added to by one thread in program
-// order (same-address atomics of one thread are ordered), and bwd_convert_dq_kernel sums the slots in order.
+// Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh).
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
-  int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  int const stride = p.deterministic ? gridDim.x : key_tiles;
-  float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
-  for (int n = blockIdx.x; n < key_tiles; n += stride) {
-    bwd_key_tile<T>(p, n, dq_slot);
-    __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
-  }
+  for_each_key_tile<T::kBlockN>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot); });
 }
 
 }  // namespace flashcute::sm80

@@ -76,19 +76,13 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
 
   // dQ = dS K is produced in column chunks (whole 64-column swizzle atoms of K) when a whole (kBlockM, D)
   // accumulator would cost more than 32 registers per thread on top of the live dK/dV accumulators; hd256 takes
-  // four chunks of 64. Measured ptxas spills (sm_90a, nvcc 13.0): hd256 64x64 w8 188 B with two chunks, 48 B with
-  // four; 32x32 w4 60 -> 32 B. Two chunks at hd128 64x128 (32 -> 16 registers) raised its spills from 52 to 72 B.
+  // four chunks of 64. Measured ptxas spills (sm_90a, nvcc 13.0) on tiles since dropped: hd256 64x64 w8 188 B with
+  // two chunks, 48 B with four; 32x32 w4 60 -> 32 B (eight chunks of 32 left 8-28 B); two chunks at hd128 64x128
+  // raised its spills from 52 to 72 B.
   static constexpr int kDqChunks = kHeadDim == 256                                                   ? 4
                                    : kBlockM * kHeadDim / kThreads > 32 && (kHeadDim / 2) % 64 == 0 ? 2
                                                                                                     : 1;
   static constexpr int kDqCols = kHeadDim / kDqChunks;
-
-  // How far ahead the dK/dV products load their B operand (Q^T, dO^T): see Prefetch in common/cute_utils.cuh.
-#ifdef FLASHCUTE_BWD_STREAM_KV
-  static constexpr Prefetch kStreamKV = Prefetch::FLASHCUTE_BWD_STREAM_KV;
-#else
-  static constexpr Prefetch kStreamKV = Prefetch::kSlice;
-#endif
 
   // The float32 dQ accumulator holds each (kBlockM, kDqCols) tile of a (batch, head) in the dQ MMA's fragment
   // order: pair j (elements 2j, 2j+1) of thread t at 2 * (j * kThreads + t) + {0, 1}. A warp's atomic add then
@@ -113,8 +107,8 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
       decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
 
   // P and dS rows are kBlockN long: their own swizzle width.
-  static constexpr int kPdSCols = kBlockN % 64 == 0 ? 64 : 32;
-  using SmemAtomPdS = decltype(composition(Swizzle<kPdSCols == 64 ? 3 : 2, 3, 3>{},
+  static constexpr int kPdSCols = kBlockN % 64 == 0 ? 64 : kBlockN % 32 == 0 ? 32 : 16;
+  using SmemAtomPdS = decltype(composition(Swizzle<kPdSCols == 64 ? 3 : kPdSCols == 32 ? 2 : 1, 3, 3>{},
                                            Layout<Shape<_8, Int<kPdSCols>>, Stride<Int<kPdSCols>, _1>>{}));
   using SmemLayoutPdS = decltype(tile_to_shape(SmemAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   // P^T and dS^T as the (kBlockN, kBlockM) A operand of dV / dK.

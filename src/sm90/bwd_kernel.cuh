@@ -13,6 +13,7 @@
 
 #include "common/bwd_atomics.cuh"
 #include "common/bwd_block.cuh"
+#include "common/bwd_epilogue.cuh"
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
@@ -78,21 +79,13 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     Tensor tXgX = load_thr.partition_S(local_tile(mX, tile_q, make_coord(m, 0)));
     copy_tile_zfill(gmem_load, tXgX, dst, tQcQ, seq.seqlen_q - m * kBlockM - load_row, cols - load_col);
   };
-  // Q, dO and the lse_log2 and D of the rows of flat iteration `it` (the preprocess padded both row arrays to whole
-  // tiles, so those 16-byte copies need no bounds).
+  // Q, dO and the lse_log2 and D of the rows of flat iteration `it`.
   auto load_q_do = [&](int it, int stage) __attribute__((always_inline)) {
     int h, m;
     blk.tile_of(it, h, m);
     load_rows(tQsQ(_, _, _, stage), q_base, p.q_head_stride, p.q_row_stride, p.head_dim, h, m);
     load_rows(tdOsdO(_, _, _, stage), do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, h, m);
-    constexpr int kVecs = kBlockM / 4;
-    if (tid < 2 * kVecs) {
-      int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM + (tid % kVecs) * 4;
-      float const* src = (tid < kVecs ? p.lse_log2 : p.dsoftmax_sum) + row0;
-      float* dst = smem.rows + stage * 2 * kBlockM + (tid / kVecs) * kBlockM + (tid % kVecs) * 4;
-      SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*reinterpret_cast<cute::uint128_t const*>(src),
-                                                       *reinterpret_cast<cute::uint128_t*>(dst));
-    }
+    load_row_terms<kBlockM>(p, b, h, m, smem.rows + stage * 2 * kBlockM);
   };
 
   if (num_iters > 0) {
@@ -253,57 +246,14 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
-  // Epilogue.
-  if (blk.gqa && !blk.group_in_cta) {
-    if (num_iters == 0) return;  // the accumulators were zeroed by the preprocess
-    int64_t const row_stride = (int64_t)p.nheads_kv * kHeadDim;
-    int64_t const off = blk.kv_accum_offset(p);
-    Tensor mdKacc = make_tensor(make_gmem_ptr(p.dk_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
-                                make_stride(row_stride, _1{}));  // (Sk_rounded, D)
-    Tensor mdVacc = make_tensor(make_gmem_ptr(p.dv_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
-                                make_stride(row_stride, _1{}));  // (Sk_rounded, Dv)
-    Tensor tdKg = thr_kv.partition_C(local_tile(mdKacc, tile_kv, make_coord(n_block, 0)));  // (MMA, MMA_N, MMA_D)
-    Tensor tdVg = thr_kv.partition_C(local_tile(mdVacc, tile_kv, make_coord(n_block, 0)));
-    atomic_add_fragment(tdKg, acc_dk);
-    atomic_add_fragment(tdVg, acc_dv);
-    return;
-  }
-
-  // dK and dV go through K's and V's shared memory (16-byte global stores along rows); every warpgroup must be
-  // done reading K and V first.
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
-  Tensor rdK = convert_to<Element>(acc_dk);
-  Tensor rdV = convert_to<Element>(acc_dv);
-  __syncthreads();
-  auto sts_kv = make_tiled_copy_C(typename T::SmemStoreC{}, mma_kv);
-  auto sts_kv_thr = sts_kv.get_thread_slice(tid);
-  cute::copy(sts_kv, sts_kv_thr.retile_S(rdK), sts_kv_thr.partition_D(sK));
-  cute::copy(sts_kv, sts_kv_thr.retile_S(rdV), sts_kv_thr.partition_D(sV));
-  __syncthreads();
-
-  Tensor mdK = make_tensor(make_gmem_ptr(blk.template dk<Element>(p)), make_shape(blk.key_rows, Int<kHeadDim>{}),
-                           make_stride(p.dk_row_stride, _1{}));  // (Sk, D)
-  Tensor mdV = make_tensor(make_gmem_ptr(blk.template dv<Element>(p)), make_shape(blk.key_rows, Int<kHeadDim>{}),
-                           make_stride(p.dv_row_stride, _1{}));  // (Sk, Dv)
-  store_tile(typename T::GmemStore{}, sK, local_tile(mdK, tile_kv, make_coord(n_block, 0)), tile_kv,
-             blk.key_rows - n0, p.head_dim);
-  store_tile(typename T::GmemStore{}, sV, local_tile(mdV, tile_kv, make_coord(n_block, 0)), tile_kv,
-             blk.key_rows - n0, p.head_dim_v);
+  store_dk_dv<T>(p, blk, mma_kv, acc_dk, acc_dv, sK, sV);
 }
 
-// Grid and deterministic mode as in the portable family: one key tile per CTA, or dq_slots CTAs per column each
-// walking key tiles s, s + slots, ... and adding dQ only into slot s.
+// Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh).
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
-  int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  int const stride = p.deterministic ? gridDim.x : key_tiles;
-  float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
-  for (int n = blockIdx.x; n < key_tiles; n += stride) {
-    bwd_key_tile<T>(p, n, dq_slot);
-    __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
-  }
+  for_each_key_tile<T::kBlockN>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot); });
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
 #endif

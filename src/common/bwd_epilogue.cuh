@@ -1,0 +1,96 @@
+// The parts of a backward CTA's work that do not depend on its MMA family: the row terms it loads per query tile,
+// how its dK and dV leave, and the walk over key tiles. T is a family's BwdTraits (Element, kBlockM, kBlockN,
+// kHeadDim, SmemStoreC, GmemStore).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/bwd_atomics.cuh"
+#include "common/bwd_block.cuh"
+#include "common/cute_utils.cuh"
+#include "common/kernel_params.h"
+
+namespace flashcute {
+
+// lse_log2 then D of the kBlockM rows of query tile m of head h into dst[0, 2 * kBlockM), by cp.async from the
+// first kBlockM / 2 threads (the preprocess padded both arrays to whole tiles, so the 16-byte copies need no bounds).
+template <int kBlockM>
+CUTE_DEVICE void load_row_terms(BwdKernelParams const& p, int b, int h, int m, float* dst) {
+  constexpr int kVecs = kBlockM / 4;
+  int const tid = threadIdx.x;
+  if (tid < 2 * kVecs) {
+    int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM + (tid % kVecs) * 4;
+    float const* src = (tid < kVecs ? p.lse_log2 : p.dsoftmax_sum) + row0;
+    SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
+        *reinterpret_cast<cute::uint128_t const*>(src),
+        *reinterpret_cast<cute::uint128_t*>(dst + (tid / kVecs) * kBlockM + (tid % kVecs) * 4));
+  }
+}
+
+// dK and dV of the CTA's key tile, from accumulators partitioned by mma (scaled sums: dK still lacks the softmax
+// scale). GQA without determinism adds them into the float32 accumulators (converted later by
+// bwd_postprocess_kernel); otherwise they go through K's and V's shared memory (sK, sV: every thread must be done
+// reading them) so the global stores are 16-byte vectors along rows.
+template <class T, class TiledMma, class Acc, class SK, class SV>
+CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::kBlockN> const& blk,
+                             TiledMma const& mma, Acc& acc_dk, Acc& acc_dv, SK& sK, SV& sV) {
+  using Element = typename T::Element;
+  constexpr int kHeadDim = T::kHeadDim;
+  auto tile_kv = Shape<Int<T::kBlockN>, Int<kHeadDim>>{};
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  if (blk.gqa && !blk.group_in_cta) {
+    if (blk.num_iters == 0) return;  // the accumulators were zeroed by the preprocess
+    int64_t const row_stride = (int64_t)p.nheads_kv * kHeadDim;
+    int64_t const off = blk.kv_accum_offset(p);
+    Tensor mdKacc = make_tensor(make_gmem_ptr(p.dk_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
+                                make_stride(row_stride, _1{}));  // (Sk_rounded, D)
+    Tensor mdVacc = make_tensor(make_gmem_ptr(p.dv_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
+                                make_stride(row_stride, _1{}));  // (Sk_rounded, Dv)
+    Tensor tdKg = thr.partition_C(local_tile(mdKacc, tile_kv, make_coord(blk.n_block, 0)));  // (MMA, MMA_N, MMA_D)
+    Tensor tdVg = thr.partition_C(local_tile(mdVacc, tile_kv, make_coord(blk.n_block, 0)));
+    atomic_add_fragment(tdKg, acc_dk);
+    atomic_add_fragment(tdVg, acc_dv);
+    return;
+  }
+
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+  Tensor rdK = convert_to<Element>(acc_dk);
+  Tensor rdV = convert_to<Element>(acc_dv);
+  __syncthreads();
+  auto sts = make_tiled_copy_C(typename T::SmemStoreC{}, mma);
+  auto sts_thr = sts.get_thread_slice(threadIdx.x);
+  cute::copy(sts, sts_thr.retile_S(rdK), sts_thr.partition_D(sK));
+  cute::copy(sts, sts_thr.retile_S(rdV), sts_thr.partition_D(sV));
+  __syncthreads();
+
+  int const key_rows = blk.key_rows(p);
+  Tensor mdK = make_tensor(make_gmem_ptr(blk.template dk<Element>(p)), make_shape(key_rows, Int<kHeadDim>{}),
+                           make_stride(p.dk_row_stride, _1{}));  // (Sk, D)
+  Tensor mdV = make_tensor(make_gmem_ptr(blk.template dv<Element>(p)), make_shape(key_rows, Int<kHeadDim>{}),
+                           make_stride(p.dv_row_stride, _1{}));  // (Sk, Dv)
+  int const rows = key_rows - blk.n0;
+  store_tile(typename T::GmemStore{}, sK, local_tile(mdK, tile_kv, make_coord(blk.n_block, 0)), tile_kv, rows,
+             p.head_dim);
+  store_tile(typename T::GmemStore{}, sV, local_tile(mdV, tile_kv, make_coord(blk.n_block, 0)), tile_kv, rows,
+             p.head_dim_v);
+}
+
+// The key tiles of one grid column: (key tiles, or dq_slots in deterministic mode; nheads, or nheads_kv for
+// deterministic GQA; batch). Default: one key tile per CTA, every CTA adding dQ into the one accumulator with
+// atomics (their order varies). Deterministic: CTA s of a column walks key tiles s, s + slots, ... and adds only
+// into slot s. The dQ fragment of a query tile maps to the same threads for every key tile, so each float is added
+// to by one thread in program order (same-address atomics of one thread are ordered), and bwd_convert_dq_kernel
+// sums the slots in order. key_tile(n, dq_slot) does one key tile.
+template <int kBlockN, class KeyTile>
+CUTE_DEVICE void for_each_key_tile(BwdKernelParams const& p, KeyTile&& key_tile) {
+  int const key_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  int const stride = p.deterministic ? gridDim.x : key_tiles;
+  float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
+  for (int n = blockIdx.x; n < key_tiles; n += stride) {
+    key_tile(n, dq_slot);
+    __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
+  }
+}
+
+}  // namespace flashcute
