@@ -25,41 +25,30 @@ struct TileCoords {
   }
 };
 
-// m0/n0 place the tile in the sequence; every element outside the Mask's window becomes -inf.
-template <class Acc, class TiledMma, class Shape>
+// m0 (first query) and n0 (first key) place the tile in the sequence; every element outside the Mask's window
+// becomes -inf. Rows are queries and columns keys; kTransposed swaps them (the Hopper backward's S^T): key j is seen
+// by queries [query_begin(j), query_end(j + 1)), keys past the sequence by none.
+template <bool kTransposed = false, class Acc, class TiledMma, class Shape>
 CUTE_DEVICE void apply_mask(Acc& acc, TiledMma const& mma, Shape shape, Mask const& mask, int m0, int n0) {
   Tensor s = make_tensor(acc.data(), acc_as_rowcol(acc.layout()));
   TileCoords<TiledMma, Shape> const base(mma, shape);
   auto const off = TileCoords<TiledMma, Shape>::offsets(mma, shape);
   CUTE_UNROLL
   for (int r = 0; r < size<0>(s); ++r) {
-    int const i = m0 + base.row_base + get<0>(off(r, 0));
-    int const begin = mask.key_begin(i) - n0 - base.col_base;
-    int const end = mask.key_end(i) - n0 - base.col_base;
-    CUTE_UNROLL
-    for (int k = 0; k < size<1>(s); ++k) {
-      int const j = get<1>(off(r, k));
-      if (j < begin || j >= end) s(r, k) = -INFINITY;
+    int begin, end;  // this row's visible columns, relative to its first column
+    if constexpr (kTransposed) {
+      int const j = n0 + base.row_base + get<0>(off(r, 0));
+      begin = mask.query_begin(j) - m0 - base.col_base;
+      end = (j < mask.seqlen_k ? mask.query_end(j + 1) : 0) - m0 - base.col_base;
+    } else {
+      int const i = m0 + base.row_base + get<0>(off(r, 0));
+      begin = mask.key_begin(i) - n0 - base.col_base;
+      end = mask.key_end(i) - n0 - base.col_base;
     }
-  }
-}
-
-// The same for a transposed tile, rows = keys from n0 and columns = queries from m0 (the Hopper backward's S^T).
-// Key j is seen by queries [query_begin(j), query_end(j + 1)); keys past the sequence by none.
-template <class Acc, class TiledMma, class Shape>
-CUTE_DEVICE void apply_mask_transposed(Acc& acc, TiledMma const& mma, Shape shape, Mask const& mask, int n0, int m0) {
-  Tensor s = make_tensor(acc.data(), acc_as_rowcol(acc.layout()));
-  TileCoords<TiledMma, Shape> const base(mma, shape);
-  auto const off = TileCoords<TiledMma, Shape>::offsets(mma, shape);
-  CUTE_UNROLL
-  for (int r = 0; r < size<0>(s); ++r) {
-    int const j = n0 + base.row_base + get<0>(off(r, 0));
-    int const begin = mask.query_begin(j) - m0 - base.col_base;
-    int const end = (j < mask.seqlen_k ? mask.query_end(j + 1) : 0) - m0 - base.col_base;
     CUTE_UNROLL
     for (int k = 0; k < size<1>(s); ++k) {
-      int const i = get<1>(off(r, k));
-      if (i < begin || i >= end) s(r, k) = -INFINITY;
+      int const c = get<1>(off(r, k));
+      if (c < begin || c >= end) s(r, k) = -INFINITY;
     }
   }
 }

@@ -32,7 +32,8 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps):
         # warpgroup), P^T (16-bit); then two stages of row terms (float32) padded to 1 KB.
         split = block_n == 64 and warps > 4
         rows = (2 * 2 * block_m * 4 + 1023) // 1024 * 1024
-        return (2 * 2 * block_m * head_dim + 2 * block_n * head_dim + (2 if split else 1) * block_n * block_m) * 2 + rows
+        tiles = 2 * 2 * block_m * head_dim + 2 * block_n * head_dim + (2 if split else 1) * block_n * block_m
+        return tiles * 2 + rows
     if direction == "bwd":
         from kernels import bwd_smem_bytes  # defined with the backward entries
         return bwd_smem_bytes(head_dim, block_m, block_n, warps)

@@ -10,6 +10,7 @@
 #include "common/bwd_atomics.cuh"
 #include "common/bwd_block.cuh"
 #include "common/bwd_epilogue.cuh"
+#include "common/bwd_grads.cuh"
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
@@ -160,8 +161,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   // Rows of the S tile this thread holds: its base row plus thread 0's (compile-time) offsets, see TileCoords.
   TileCoords<typename T::TiledMmaSdP, decltype(tile_s)> const s_base(mma_sdp, tile_s);
   auto const s_off = TileCoords<typename T::TiledMmaSdP, decltype(tile_s)>::offsets(mma_sdp, tile_s);  // (rows, cols)
-  constexpr int kRows = decltype(size<0>(s_off))::value;
-  constexpr int kCols = decltype(size<1>(s_off))::value;
+  // The row terms of element (r, c) sit at its row (common/bwd_grads.cuh).
+  auto const row_term = [&](int r, int) { return get<0>(s_off(r, 0)); };
 
   auto step = [&](int it, auto general) __attribute__((always_inline)) {
     constexpr bool kGeneral = decltype(general)::value;
@@ -201,36 +202,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
       clear(acc_s);
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
-      if (p.softcap_prescale != 0.f) {
-        // s = c * tanh(x / c) enters exp2 as t * (c * log2 e) with t = tanh(x / c); ds/dx = 1 - t^2.
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            float const t = tanh_accurate(s(r, c) * p.softcap_prescale);
-            s(r, c) = t;
-            ds(r, c) = (ds(r, c) - dsum[get<0>(s_off(r, 0))]) * (1.f - t * t);
-          }
-        }
-      } else {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) ds(r, c) -= dsum[get<0>(s_off(r, 0))];
-        }
-      }
-      // Masking after the derivative factor: a masked score is -inf, which must only ever meet exp2, never t * t.
-      apply_mask(acc_s, mma_sdp, tile_s, blk.mask, m0, n0);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          // -inf scores and +inf lse_log2 both give exp2(-inf) = 0; neither can make NaN here.
-          float const pr = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<0>(s_off(r, 0))]));
-          s(r, c) = pr;
-          ds(r, c) *= pr;
-        }
-      }
+      grads_general(s, ds, lse2, dsum, row_term, p.softcap_prescale, p.scale_log2,
+                    [&] { apply_mask(acc_s, mma_sdp, tile_s, blk.mask, m0, n0); });
       Tensor rP = convert_to<Element>(acc_s);
       Tensor rdS = convert_to<Element>(acc_dp);
       cute::copy(sts_sdp, sts_sdp_thr.retile_S(rP), tPsP);
@@ -240,20 +213,12 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       // product's MMAs.
       clear(acc_s);
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) s(r, c) = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<0>(s_off(r, 0))]));
-      }
+      probs_plain(s, lse2, row_term, p.scale_log2);
       Tensor rP = convert_to<Element>(acc_s);
       cute::copy(sts_sdp, sts_sdp_thr.retile_S(rP), tPsP);
       clear(acc_dp);
       gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) ds(r, c) = (ds(r, c) - dsum[get<0>(s_off(r, 0))]) * s(r, c);
-      }
+      grads_plain(ds, s, dsum, row_term);
       Tensor rdS = convert_to<Element>(acc_dp);
       cute::copy(sts_sdp, sts_sdp_thr.retile_S(rdS), tPsdS);
     }

@@ -15,7 +15,6 @@
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
 #include "sm80/bwd_preprocess.cuh"  // BwdRowKernel
-#include "sm80/bwd_traits.cuh"
 
 namespace flashcute::sm80 {
 
@@ -40,8 +39,9 @@ __device__ __forceinline__ void convert_rows(Element* dst, int64_t dst_row_strid
 }
 
 // dq of one (kBlockM, D) query tile per CTA: the accumulator is read in the main kernel's fragment order
-// (BwdTraits::dq_frag_offset), the slots summed in slot order, and the tile goes through shared memory so the
-// stores are 16-byte vectors along rows. Grid: (ceil(seqlen_q / kBlockM), nheads, batch), T::kThreads threads.
+// (T::dq_frag_offset; T is either family's BwdTraits), the slots summed in slot order, and the tile goes through
+// shared memory so the stores are 16-byte vectors along rows. Grid: (ceil(seqlen_q / kBlockM), nheads, batch),
+// T::kThreads threads.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads) bwd_convert_dq_kernel(__grid_constant__ BwdKernelParams const p) {
   using Element = typename T::Element;

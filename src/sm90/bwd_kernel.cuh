@@ -9,11 +9,11 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 
 #include "common/bwd_atomics.cuh"
 #include "common/bwd_block.cuh"
 #include "common/bwd_epilogue.cuh"
+#include "common/bwd_grads.cuh"
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
@@ -131,15 +131,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   using Coords = TileCoords<typename T::TiledMmaSdP, decltype(tile_st)>;
   Coords const s_base(mma_sdp, tile_st);
   auto const s_off = Coords::offsets(mma_sdp, tile_st);  // (rows, cols)
-  constexpr int kRows = decltype(size<0>(s_off))::value;
-  constexpr int kCols = decltype(size<1>(s_off))::value;
+  auto const col_term = [&](int, int c) { return get<1>(s_off(0, c)); };
 
-  // What this thread loaded has landed; after the barrier, what every thread loaded. cp.async and the dS^T stores
-  // write through the generic proxy and wgmma reads through the async one: the proxy fence orders them.
-  auto sync_smem = [&]() __attribute__((always_inline)) {
-    cutlass::arch::fence_view_async_shared();
-    __syncthreads();
-  };
 
   auto step = [&](int it, auto general) __attribute__((always_inline)) {
     constexpr bool kGeneral = decltype(general)::value;
@@ -152,7 +145,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     // This step's Q/dO have landed, and every warpgroup is done with the previous step (its dQ read dS and the
     // other stage), so the other stage may be refilled and dS overwritten.
     cp_async_wait<0>();
-    sync_smem();
+    sync_smem_for_wgmma();
     if (it + 1 < num_iters) {
       load_q_do(it + 1, stage ^ 1);
       cp_async_fence();
@@ -169,57 +162,21 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     float const* dsum = lse2 + kBlockM;
     if constexpr (kGeneral) {
       warpgroup_wait_for<0>(acc_s, acc_dp);
-      if (p.softcap_prescale != 0.f) {
-        // s = c * tanh(x / c) enters exp2 as t * (c * log2 e) with t = tanh(x / c); ds/dx = 1 - t^2.
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            float const t = tanh_accurate(s(r, c) * p.softcap_prescale);
-            s(r, c) = t;
-            ds(r, c) = (ds(r, c) - dsum[get<1>(s_off(0, c))]) * (1.f - t * t);
-          }
-        }
-      } else {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) ds(r, c) -= dsum[get<1>(s_off(0, c))];
-        }
-      }
-      // Masking after the derivative factor: a masked score is -inf, which must only ever meet exp2, never t * t.
-      apply_mask_transposed(acc_s, mma_sdp, tile_st, blk.mask, n0, m0);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          // -inf scores and +inf lse_log2 both give exp2(-inf) = 0; neither can make NaN here.
-          float const pr = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<1>(s_off(0, c))]));
-          s(r, c) = pr;
-          ds(r, c) *= pr;
-        }
-      }
+      grads_general(s, ds, lse2, dsum, col_term, p.softcap_prescale, p.scale_log2,
+                    [&] { apply_mask<true>(acc_s, mma_sdp, tile_st, blk.mask, m0, n0); });
     } else {
       // P^T's exponentials run while dP^T is still being computed.
       warpgroup_wait_for<1>(acc_s);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) s(r, c) = exp2f(fmaf(s(r, c), p.scale_log2, -lse2[get<1>(s_off(0, c))]));
-      }
+      probs_plain(s, lse2, col_term, p.scale_log2);
       warpgroup_wait_for<0>(acc_dp);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) ds(r, c) = (ds(r, c) - dsum[get<1>(s_off(0, c))]) * s(r, c);
-      }
+      grads_plain(ds, s, dsum, col_term);
     }
     Tensor rP = convert_to<Element>(acc_s);
     Tensor rdS = convert_to<Element>(acc_dp);
     if constexpr (T::kSplitHeadDim) {
       cute::copy(sts_ds, sts_ds_thr.retile_S(rP), tPsPt);
       cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
-      sync_smem();  // every warpgroup's P^T and dS^T columns are in shared memory
+      sync_smem_for_wgmma();  // every warpgroup's P^T and dS^T columns are in shared memory
       warpgroup_issue<false, false>(mma_kv, tVsPt, tVrdOt(_, _, _, stage), acc_dv);
       warpgroup_issue<false, false>(mma_kv, tKsdSt, tKrQt(_, _, _, stage), acc_dk);
     } else {
@@ -228,7 +185,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
       Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
       warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
-      sync_smem();  // every warpgroup's dS^T rows are in shared memory
+      sync_smem_for_wgmma();  // every warpgroup's dS^T rows are in shared memory
     }
 
     float* const dq_tile = dq_slot + (bh * p.seqlen_q_rounded + m0) * kHeadDim;  // this query tile's chunks

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 
 #include "common/cute_utils.cuh"
 #include "common/fwd_block.cuh"
@@ -107,12 +106,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV,
                     seq.seqlen_k - n * kBlockN - load_row, v_cols);
   };
-  // What this thread loaded has landed; after the barrier, what every thread loaded. cp.async writes through the
-  // generic proxy and wgmma reads through the async one: the proxy fence orders them.
+  // What this thread loaded has landed; after the barrier, what every thread loaded.
   auto sync_tiles = [&](auto pending) __attribute__((always_inline)) {
     cp_async_wait<decltype(pending)::value>();
-    cutlass::arch::fence_view_async_shared();
-    __syncthreads();
+    sync_smem_for_wgmma();
   };
 
   if (num_tiles > 0) {
