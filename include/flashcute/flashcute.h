@@ -10,9 +10,17 @@
  *   v   (batch, seqlen_k, nheads_kv, head_dim_v)
  *   out (batch, seqlen_q, nheads,    head_dim_v)
  *   lse (batch, nheads, seqlen_q), natural log; float32 (float64 for the host reference)
+ * Strides of dimensions of size 1 are ignored (PyTorch gives them arbitrary values).
+ * Empty problems are valid: batch 0 or seqlen_q 0 computes nothing; seqlen_k 0 gives rows that see no key
+ * (out 0, lse -inf); a tensor with no elements may be NULL. Outputs must not share memory with each other or with
+ * any input (refused); inputs may alias each other (q, k, v as views of one packed buffer, expanded views).
  * Variable length: with cu_seqlens_q/cu_seqlens_k (batch + 1 int32 offsets) the tokens of all sequences are
- * packed along the row dimension, batch strides are ignored, seqlen_q/seqlen_k are the maximum lengths and
- * lse is (nheads, total_q) with lse_head_stride.
+ * packed along the row dimension (total_q / total_k rows), batch strides are ignored, seqlen_q/seqlen_k are the
+ * maximum lengths and lse is (nheads, total_q) with lse_head_stride. The kernels never trust the offsets: sequence
+ * b is clamped to rows [clamp(cu[b], 0, total), clamp(cu[b+1], start, total)), at most seqlen_q / seqlen_k of
+ * them, and seqused_k[b] to [0, its key rows], so no content of the offset arrays makes them access memory outside
+ * the tensors. Consistent offsets are unchanged by this; varlen_status reports the others. Rows that belong to no
+ * sequence (before cu[0], after cu[batch]) are not written. The host reference refuses inconsistent offsets.
  * Visibility (bottom-right aligned): key j is visible to query i iff
  *   j >= i + (Sk - Sq) - window_left  and  j <= i + (Sk - Sq) + window_right,
  * a negative window side meaning unbounded; causal sets window_right = 0.
@@ -41,6 +49,16 @@ typedef enum flashcute_status {
   FLASHCUTE_ERROR_WORKSPACE = 6,        /* workspace missing or too small */
   FLASHCUTE_ERROR_CUDA = 7              /* a CUDA runtime call failed */
 } flashcute_status_t;
+
+/* Bits written to varlen_status: which offsets disagreed with the declared sizes (the call clamped them). */
+typedef enum flashcute_varlen_flag {
+  FLASHCUTE_VARLEN_OK = 0,
+  FLASHCUTE_VARLEN_BAD_CU_SEQLENS_Q = 1, /* an offset outside [0, total_q], or decreasing */
+  FLASHCUTE_VARLEN_BAD_CU_SEQLENS_K = 2, /* an offset outside [0, total_k], or decreasing */
+  FLASHCUTE_VARLEN_SEQLEN_Q = 4,         /* a sequence longer than seqlen_q */
+  FLASHCUTE_VARLEN_SEQLEN_K = 8,         /* a sequence longer than seqlen_k */
+  FLASHCUTE_VARLEN_SEQUSED_K = 16        /* a seqused_k entry outside [0, the sequence's key rows] */
+} flashcute_varlen_flag_t;
 
 typedef enum flashcute_dtype {
   FLASHCUTE_FLOAT16 = 0,
@@ -77,6 +95,11 @@ typedef struct flashcute_fwd_params {
   const int32_t* cu_seqlens_q; /* batch + 1 offsets into the packed rows of q/out */
   const int32_t* cu_seqlens_k; /* batch + 1 offsets into the packed rows of k/v */
   const int32_t* seqused_k;    /* batch entries: keys actually used per sequence (<= its length) */
+  int64_t total_q;             /* varlen: packed rows of q and out (required there; init sets -1, unset) */
+  int64_t total_k;             /* varlen: packed rows of k and v (likewise) */
+  /* Optional device int32 (varlen only): the call also writes there 0 when the offsets agree with total_q/k,
+     seqlen_q/k and the sequences' lengths, else an OR of flashcute_varlen_flag bits; no host synchronisation. */
+  int32_t* varlen_status;
 
   void* workspace; /* device memory of at least flashcute_fwd_workspace_size bytes (may be NULL if 0) */
   size_t workspace_size;
@@ -103,11 +126,13 @@ typedef struct flashcute_bwd_params {
   size_t workspace_size;
 } flashcute_bwd_params;
 
-/* Fills defaults: zero pointers and shapes, scale 0 (set it), windows unbounded (-1), no softcap. */
+/* Fills defaults: zero pointers and shapes, scale 0 (set it), windows unbounded (-1), no softcap, total_q/k -1.
+   A NULL params is ignored. */
 void flashcute_fwd_params_init(flashcute_fwd_params* params);
 void flashcute_bwd_params_init(flashcute_bwd_params* params);
 
-/* Set strides from shapes for contiguous (B, S, H, D) tensors and a contiguous (B, H, Sq) lse. */
+/* Set strides from shapes for contiguous (B, S, H, D) tensors and a contiguous (B, H, Sq) lse (varlen: rows of
+   total_q / total_k, lse (H, total_q)). A NULL params is ignored. */
 void flashcute_fwd_params_set_contiguous_strides(flashcute_fwd_params* params);
 
 flashcute_status_t flashcute_fwd_workspace_size(const flashcute_fwd_params* params, size_t* bytes);

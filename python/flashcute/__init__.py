@@ -1,4 +1,6 @@
 """flashcute: exact attention (FlashAttention) forward and backward, a thin layer over the C library."""
+import numbers
+
 from ._capi import FlashCuteError, build_info, version
 
 try:
@@ -11,38 +13,58 @@ else:
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "version", "build_info", "FlashCuteError"]
 
 
+def _arguments(q, softmax_scale, causal, window_size, softcap, deterministic):
+    """The scalar arguments checked as the C library will take them (named errors, nothing silently coerced)."""
+    scale = _ops.default_scale(q) if softmax_scale is None else _ops.real(softmax_scale, "softmax_scale")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a (left, right) pair, got {window_size!r}") from None
+    return (scale, _ops.flag(causal, "causal"), _ops.window_side(left), _ops.window_side(right),
+            _ops.real(softcap, "softcap"), _ops.flag(deterministic, "deterministic"))
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
                     deterministic=False):
     """Attention over q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns (out, lse).
 
     out is (B, Sq, H, Dv) in q's dtype; lse is (B, H, Sq) float32 (float64 for float64 inputs), natural log.
     window_size = (left, right), None or negative meaning unbounded; causal sets right = 0.
-    Differentiable through both out and lse.
+    Differentiable through both out and lse. Empty inputs (B = 0, Sq = 0) give empty outputs; Sk = 0 gives
+    rows that see no key (out 0, lse -inf).
     """
     if torch is None:
         raise ModuleNotFoundError("flash_attn_func needs torch")
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
-    left, right = window_size
-    return _ops.fwd(q, k, v, float(softmax_scale), bool(causal), _ops.window_side(left), _ops.window_side(right),
-                    float(softcap), bool(deterministic))
+    return _ops.fwd(q, k, v, *_arguments(q, softmax_scale, causal, window_size, softcap, deterministic))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
-                           window_size=(None, None), softcap=0.0, deterministic=False, seqused_k=None):
+                           window_size=(None, None), softcap=0.0, deterministic=False, seqused_k=None,
+                           max_seqlen_q=None, max_seqlen_k=None):
     """Attention over sequences packed along the rows: q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
 
     cu_seqlens_q / cu_seqlens_k are int32 (batch + 1) offsets of each sequence's first row (sequence b is rows
     cu[b] .. cu[b + 1]); seqused_k (int32, batch), if given, limits sequence b to its first seqused_k[b] keys.
-    Returns out (total_q, H, Dv) and lse (H, total_q), differentiable through both. Masks and the other
-    arguments are those of flash_attn_func, applied per sequence. The offsets are checked against the tensors on
-    the host (one small copy per call), since the kernels size their grids and workspaces from them.
+    Returns out (total_q, H, Dv) and lse (H, total_q), differentiable through both; rows past cu_seqlens_q[-1]
+    (padding) get out 0, lse -inf and zero gradients. Masks and the other arguments are those of flash_attn_func,
+    applied per sequence.
+
+    max_seqlen_q / max_seqlen_k (the longest sequences) are what CUDA graphs need: given, the call reads nothing
+    on the host and the kernels clamp each sequence to them and to the packed rows (offsets that disagree give
+    clamped sequences, never an out-of-bounds access). Left out, the offsets are copied to the host (one small
+    copy per call, not allowed under graph capture), checked against the tensors (ValueError), and their maxima
+    taken.
     """
     if torch is None:
         raise ModuleNotFoundError("flash_attn_varlen_func needs torch")
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
-    left, right = window_size
-    return _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, float(softmax_scale), bool(causal),
-                           _ops.window_side(left), _ops.window_side(right), float(softcap), bool(deterministic))
-
+    if (max_seqlen_q is None) != (max_seqlen_k is None):
+        raise ValueError("max_seqlen_q and max_seqlen_k must be given together")
+    maxima = []
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        maxima.append(-1 if value is None else int(value))
+    scale, causal, left, right, softcap, deterministic = _arguments(q, softmax_scale, causal, window_size, softcap,
+                                                                    deterministic)
+    return _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *maxima, scale, causal, left, right,
+                           softcap, deterministic)

@@ -4,6 +4,8 @@ CUDA tensors go to flashcute_fwd / flashcute_bwd with their real strides; CPU te
 reference. Arguments the C library cannot see (dtypes of the pointer-only tensors, their shapes) are checked here.
 """
 import ctypes
+import math
+import numbers
 from typing import Optional
 
 import torch
@@ -14,17 +16,82 @@ from . import _capi
 _CUDA_DTYPES = {torch.float16: _capi.FLOAT16, torch.bfloat16: _capi.BFLOAT16}
 
 
-def window_side(side):
-    """None or negative means unbounded (-1)."""
-    return -1 if side is None or side < 0 else int(side)
+_INT32_MAX = 2**31 - 1
+_GRID_MAX = 65535  # CUDA's gridDim.y / gridDim.z: heads and batch on the GPU
+_F32_MAX = 3.4028234663852886e38  # the largest float32
+_F32_TINY = 2.0 ** -150  # half the smallest float32 subnormal: this and anything smaller round to 0
+
+
+def window_side(side, name="window_size"):
+    """None or negative means unbounded (-1); anything but an integer is refused (2.7 would silently truncate)."""
+    if side is None:
+        return -1
+    if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+        raise ValueError(f"{name} entries must be integers or None, got {side!r}")
+    return -1 if side < 0 else int(side)
+
+
+def flag(value, name):
+    """A bool argument: True/False (or 0/1); strings such as "no" are refused instead of being truthy."""
+    if isinstance(value, (bool, numbers.Integral)) and value in (0, 1):
+        return bool(value)
+    if type(value).__name__ == "bool_":  # numpy.bool_
+        return bool(value)
+    raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
+def real(value, name):
+    """A float argument as the C library will see it (float32): non-finite values, and values that overflow or
+    vanish in float32 (softcap 1e-50 would silently turn softcap off), are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    magnitude = abs(float(value))
+    if not math.isfinite(magnitude) or magnitude > _F32_MAX or 0 < magnitude <= _F32_TINY:
+        raise ValueError(f"{name} = {value!r} is not a finite float32 number")
+    return float(value)
+
+
+def default_scale(q):
+    """1/sqrt(head_dim) of a q checked to be a tensor with a positive head dim."""
+    if not isinstance(q, Tensor) or q.dim() == 0:
+        raise ValueError(f"q must be a tensor with a head_dim dimension, got {type(q).__name__}"
+                         f"{'' if not isinstance(q, Tensor) else ' of rank 0'}")
+    if q.shape[-1] < 1:
+        raise ValueError(f"head_dim must be >= 1, got {q.shape[-1]}")
+    return q.shape[-1] ** -0.5
 
 
 def _lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check_inputs(q, k, v):
+def _check_sizes(device, batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v):
+    """The C library's size rules, checked before any copy or allocation, and by the fake implementations too, so
+    that torch.compile refuses what the real op refuses."""
+    for name, value in (("batch", batch), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+        if value > _INT32_MAX:
+            raise ValueError(f"{name} must fit in int32, got {value}")
+    if seqlen_q + seqlen_k >= 2**30:
+        raise ValueError(f"seqlen_q + seqlen_k must be below 2^30, got {seqlen_q + seqlen_k}")
+    for name, value in (("nheads", nheads), ("nheads_kv", nheads_kv), ("head_dim", head_dim),
+                        ("head_dim_v", head_dim_v)):
+        if value < 1 or value > _INT32_MAX:
+            raise ValueError(f"{name} must be in [1, 2^31), got {value}")
+    if nheads % nheads_kv != 0:
+        raise ValueError(f"q nheads {nheads} is not divisible by k nheads (nheads_kv) {nheads_kv}")
+    if device.type == "cuda":
+        for name, value in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+            if value % 8 or value > 256:
+                raise ValueError(f"{name} must be a multiple of 8 and at most 256 on CUDA, got {value}")
+        for name, value in (("batch", batch), ("nheads", nheads)):
+            if value > _GRID_MAX:
+                raise ValueError(f"{name} must be at most {_GRID_MAX} on CUDA (the grid's limit), got {value}")
+
+
+def _check_inputs(q, k, v, varlen=False):
     for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, nheads, head_dim), got shape {tuple(t.shape)}")
     for name, t in (("k", k), ("v", v)):
@@ -40,7 +107,7 @@ def _check_inputs(q, k, v):
             raise ValueError(f"q dtype {q.dtype} is not a floating dtype")
     else:
         raise ValueError(f"q is on {q.device}: only cuda and cpu tensors are supported")
-    batch, _, nheads, head_dim = q.shape
+    batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_kv, head_dim_k = k.shape
     for name, t in (("k", k), ("v", v)):
         if t.shape[0] != batch:
@@ -51,8 +118,10 @@ def _check_inputs(q, k, v):
         raise ValueError(f"v nheads {v.shape[2]} != k nheads (nheads_kv) {nheads_kv}")
     if head_dim_k != head_dim:
         raise ValueError(f"k head_dim {head_dim_k} != q head_dim {head_dim}")
-    if nheads_kv == 0 or nheads % nheads_kv != 0:
-        raise ValueError(f"q nheads {nheads} is not divisible by k nheads (nheads_kv) {nheads_kv}")
+    if not varlen:  # varlen checks its maxima itself; here the sizes are the packed totals
+        _check_sizes(q.device, batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, v.shape[3])
+    elif max(seqlen_q, seqlen_k) > _INT32_MAX:
+        raise ValueError(f"the packed rows of q and k must fit in int32, got {seqlen_q} and {seqlen_k}")
 
 
 def _check_bwd(dout, dlse, q, k, v, out, lse):
@@ -60,6 +129,10 @@ def _check_bwd(dout, dlse, q, k, v, out, lse):
     batch, seqlen_q, nheads, _ = q.shape
     out_shape = (batch, seqlen_q, nheads, v.shape[3])
     lse_shape = (batch, nheads, seqlen_q)
+    _check_grad_inputs(q, out, dout, lse, dlse, out_shape, lse_shape)
+
+
+def _check_grad_inputs(q, out, dout, lse, dlse, out_shape, lse_shape):
     on_cuda = q.device.type == "cuda"
     checks = [("out", out, out_shape, q.dtype), ("dout", dout, out_shape, q.dtype), ("lse", lse, lse_shape, torch.float32)]
     if dlse is not None:
@@ -73,8 +146,13 @@ def _check_bwd(dout, dlse, q, k, v, out, lse):
             raise ValueError(f"{name} must have dtype {dtype} on CUDA, got {t.dtype}")
 
 
-def _last_dim_contiguous(t):
-    return t if t.stride(-1) == 1 else t.contiguous()
+def _kernel_ready(t):
+    """t itself when the kernels can read it as it is (16-byte aligned rows, contiguous last dimension), else a
+    contiguous copy: any strided or offset view is accepted, and the C library's alignment rules never fire."""
+    aligned = t.data_ptr() % 16 == 0 and all(st % 8 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+    if aligned and (t.stride(-1) == 1 or t.shape[-1] <= 1):
+        return t
+    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
 
 
 def _ptr(t):
@@ -127,7 +205,20 @@ def _launch_cuda(run, workspace_size, p, device):
 
 
 def _f64(t):
-    return None if t is None else t.to(torch.float64).contiguous()
+    """A float64 copy for the host reference, without materialising expanded (stride-0) dimensions: a huge
+    broadcast view stays as small as its data."""
+    if t is None:
+        return None
+    small = t
+    for d in range(t.dim()):
+        if t.stride(d) == 0 and t.shape[d] > 1:
+            small = small.narrow(d, 0, 1)
+    wide = small.to(torch.float64).contiguous().expand(t.shape)
+    return wide if t.dim() == 0 or wide.stride(-1) == 1 or wide.shape[-1] <= 1 else wide.contiguous()
+
+
+def _empty_f64(t):
+    return torch.empty(t.shape, dtype=torch.float64)
 
 
 _FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, int window_right, "
@@ -145,7 +236,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, win
     args = (softmax_scale, causal, window_left, window_right, softcap)
     batch, seqlen_q, nheads, _ = q.shape
     if q.device.type == "cuda":
-        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+        q, k, v = (_kernel_ready(t) for t in (q, k, v))
         out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))
         lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
         lib = _capi.lib()
@@ -153,8 +244,8 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, win
         _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
         return out, lse
     q64, k64, v64 = (_f64(t) for t in (q, k, v))
-    out = q64.new_empty((batch, seqlen_q, nheads, v.shape[3]))
-    lse = q64.new_empty((batch, nheads, seqlen_q))
+    out = torch.empty((batch, seqlen_q, nheads, v.shape[3]), dtype=torch.float64)
+    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float64)
     _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(_fwd_params(q64, k64, v64, out, lse,
                                                                             _capi.FLOAT64, *args))))
     return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
@@ -175,7 +266,7 @@ def bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, o
     _check_bwd(dout, dlse, q, k, v, out, lse)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
-        q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
+        q, k, v, out, dout = (_kernel_ready(t) for t in (q, k, v, out, dout))
         lse = lse.contiguous()  # dlse has no strides of its own: it shares lse's (contiguous) layout
         dlse = None if dlse is None else dlse.contiguous()
         dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
@@ -185,7 +276,9 @@ def bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, o
         _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
         return dq, dk, dv
     q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
-    dq, dk, dv = (torch.empty_like(t) for t in (q64, k64, v64))
+    lse64 = lse64.contiguous()
+    dlse64 = None if dlse64 is None else dlse64.contiguous()
+    dq, dk, dv = (_empty_f64(t) for t in (q, k, v))
     fwd_p = _fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, *args)
     p = _bwd_params(fwd_p, dout64, dlse64, dq, dk, dv, deterministic)
     _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
@@ -229,15 +322,17 @@ _register_autograd(fwd, bwd, 0)
 
 # Variable length: sequences packed along the rows. q (total_q, H, D), k/v (total_k, Hkv, D/Dv), int32
 # cu_seqlens_q/k (batch + 1 offsets), optional int32 seqused_k (batch); out (total_q, H, Dv), lse (H, total_q).
-# The C library takes these as batch = number of sequences, seqlen = the longest one, with the batch strides
-# ignored; the packed tensors are passed as (1, total, H, D) views.
+# The C library takes these as batch = number of sequences, seqlen = the longest one, total = the packed rows,
+# with the batch strides ignored; the packed tensors are passed as (1, total, H, D) views. max_seqlen_q/k < 0 mean
+# "not given": the offsets are then read on the host (one small copy), checked and their maxima taken. Given, no
+# host copy happens (CUDA graphs) and the kernels clamp whatever the offsets hold (C API, flashcute.h).
 
-def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k):
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (total_tokens, nheads, head_dim) for varlen, got shape "
-                             f"{tuple(t.shape)}")
-    _check_inputs(q[None], k[None], v[None])
+        if not isinstance(t, Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor (total_tokens, nheads, head_dim) for varlen, got "
+                             f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+    _check_inputs(q[None], k[None], v[None], varlen=True)
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
         if t is None:
             continue
@@ -245,18 +340,27 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k):
             raise ValueError(f"{name} must be a 1-D int32 tensor, got {t.dtype} with shape {tuple(t.shape)}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if cu_seqlens_q.numel() < 2 or cu_seqlens_k.numel() != cu_seqlens_q.numel():
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got "
+    if cu_seqlens_q.numel() < 1 or cu_seqlens_k.numel() != cu_seqlens_q.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 1 offsets, got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     if seqused_k is not None and seqused_k.numel() != cu_seqlens_q.numel() - 1:
         raise ValueError(f"seqused_k must hold batch = {cu_seqlens_q.numel() - 1} entries, got {seqused_k.numel()}")
+    if (max_seqlen_q < 0) != (max_seqlen_k < 0):
+        raise ValueError("max_seqlen_q and max_seqlen_k must be given together")
+    _check_sizes(q.device, cu_seqlens_q.numel() - 1, max(max_seqlen_q, 0), max(max_seqlen_k, 0), q.shape[1],
+                 k.shape[1], q.shape[2], v.shape[2])
 
 
-def _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
-    """The longest sequences, checked against the packed tensors (one small host copy): the kernels size their
-    grids and workspaces from them, so offsets that disagree with the tensors must never reach the library."""
+def _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k):
+    """The longest sequences: as given, or read from the offsets on the host (one small copy) and checked against
+    the packed tensors, so that inconsistent offsets raise instead of being clamped."""
+    if max_seqlen_q >= 0:
+        return max_seqlen_q, max_seqlen_k
     if q.device.type == "meta":
         return q.shape[0], k.shape[0]
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ValueError("flash_attn_varlen_func under CUDA graph capture needs max_seqlen_q and max_seqlen_k: "
+                         "without them the offsets are read on the host, which capture forbids")
     cu_q, cu_k = cu_seqlens_q.cpu().long(), cu_seqlens_k.cpu().long()
     for name, cu, total in (("cu_seqlens_q", cu_q, q.shape[0]), ("cu_seqlens_k", cu_k, k.shape[0])):
         if cu[0] != 0 or bool((cu[1:] < cu[:-1]).any()) or cu[-1] > total:
@@ -267,84 +371,95 @@ def _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k):
         used = seqused_k.cpu().long()
         if bool((used < 0).any()) or bool((used > len_k).any()):
             raise ValueError(f"seqused_k must lie in [0, the sequence's length], got {used.tolist()}")
-    return max(int((cu_q[1:] - cu_q[:-1]).max()), 1), max(int(len_k.max()), 1)
+    max_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
+    max_k = int(len_k.max()) if cu_k.numel() > 1 else 0
+    _check_sizes(q.device, cu_q.numel() - 1, max_q, max_k, q.shape[1], k.shape[1], q.shape[2], q.shape[2])
+    return max_q, max_k
 
 
 def _varlen_fwd_params(q, k, v, out, lse, dtype, args, cu_seqlens_q, cu_seqlens_k, seqused_k, max_q, max_k):
     p = _fwd_params(q[None], k[None], v[None], out[None], lse[None], dtype, *args)
     p.batch, p.seqlen_q, p.seqlen_k = cu_seqlens_q.numel() - 1, max_q, max_k
+    p.total_q, p.total_k = q.shape[0], k.shape[0]
     p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k), _ptr(seqused_k)
     return p
 
 
-_VARLEN_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
-                      "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-                      "bool deterministic=False) -> (Tensor out, Tensor lse)")
-_VARLEN_BWD_SCHEMA = ("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                      "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, float softmax_scale, bool causal, "
-                      "int window_left, int window_right, float softcap, bool deterministic) "
-                      "-> (Tensor dq, Tensor dk, Tensor dv)")
+_VARLEN_ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+                "float softmax_scale, bool causal, int window_left, int window_right, float softcap")
+_VARLEN_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, {_VARLEN_ARGS}, bool deterministic=False) "
+                      "-> (Tensor out, Tensor lse)")
+_VARLEN_BWD_SCHEMA = (f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                      f"{_VARLEN_ARGS}, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)")
 
 
 @torch.library.custom_op("flashcute::varlen_fwd", mutates_args=(), schema=_VARLEN_FWD_SCHEMA)
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-               seqused_k: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int, window_right: int,
-               softcap: float, deterministic: bool = False) -> tuple[Tensor, Tensor]:
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    max_q, max_k = _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k)
+               seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+               window_left: int, window_right: int, softcap: float,
+               deterministic: bool = False) -> tuple[Tensor, Tensor]:
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    max_q, max_k = _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     seqs = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None if seqused_k is None else seqused_k.contiguous())
     total_q, nheads, _ = q.shape
+    # Rows that belong to no sequence (past cu_seqlens_q[-1]) are defined: out 0, lse -inf.
     if q.device.type == "cuda":
-        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        out = q.new_empty((total_q, nheads, v.shape[2]))
-        lse = q.new_empty((nheads, total_q), dtype=torch.float32)
+        q, k, v = (_kernel_ready(t) for t in (q, k, v))
+        out = q.new_zeros((total_q, nheads, v.shape[2]))
+        lse = q.new_full((nheads, total_q), float("-inf"), dtype=torch.float32)
         lib = _capi.lib()
         p = _varlen_fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], args, *seqs, max_q, max_k)
         _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
         return out, lse
     q64, k64, v64 = (_f64(t) for t in (q, k, v))
-    out = q64.new_empty((total_q, nheads, v.shape[2]))
-    lse = q64.new_empty((nheads, total_q))
+    out = torch.zeros((total_q, nheads, v.shape[2]), dtype=torch.float64)
+    lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float64)
     p = _varlen_fwd_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, *seqs, max_q, max_k)
     _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
     return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
 
 
 @varlen_fwd.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, softmax_scale, causal, window_left, window_right, softcap,
-      deterministic=False):
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+      window_right, softcap, deterministic=False):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     total_q, nheads, _ = q.shape
     return q.new_empty((total_q, nheads, v.shape[2])), q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
 
 
+def _check_varlen_bwd(dout, dlse, q, k, v, out, lse, *varlen):
+    _check_varlen(q, k, v, *varlen)
+    total_q, nheads, _ = q.shape
+    out_shape, lse_shape = (total_q, nheads, v.shape[2]), (nheads, total_q)
+    _check_grad_inputs(q, out, dout, lse, dlse, out_shape, lse_shape)
+
+
 @torch.library.custom_op("flashcute::varlen_bwd", mutates_args=(), schema=_VARLEN_BWD_SCHEMA)
 def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], softmax_scale: float,
-               causal: bool, window_left: int, window_right: int, softcap: float,
-               deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    total_q, nheads, _ = q.shape
-    for name, t, shape in (("out", out, (total_q, nheads, v.shape[2])), ("dout", dout, (total_q, nheads, v.shape[2])),
-                           ("lse", lse, (nheads, total_q)), ("dlse", dlse, (nheads, total_q))):
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    max_q, max_k = _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k)
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+               max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+               softcap: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    _check_varlen_bwd(dout, dlse, q, k, v, out, lse, *varlen)
+    max_q, max_k = _varlen_lengths(q, k, *varlen)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     seqs = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None if seqused_k is None else seqused_k.contiguous())
+    # Rows that belong to no sequence get zero gradients.
     if q.device.type == "cuda":
-        q, k, v, out, dout = (_last_dim_contiguous(t) for t in (q, k, v, out, dout))
-        lse = lse.to(torch.float32).contiguous()
-        dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
-        dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+        q, k, v, out, dout = (_kernel_ready(t) for t in (q, k, v, out, dout))
+        lse = lse.contiguous()
+        dlse = None if dlse is None else dlse.contiguous()
+        dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
         lib = _capi.lib()
         fwd_p = _varlen_fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], args, *seqs, max_q, max_k)
         p = _bwd_params(fwd_p, dout[None], dlse, dq[None], dk[None], dv[None], deterministic)
         _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
         return dq, dk, dv
     q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
-    dq, dk, dv = (torch.empty_like(t) for t in (q64, k64, v64))
+    lse64 = lse64.contiguous()
+    dlse64 = None if dlse64 is None else dlse64.contiguous()
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
     fwd_p = _varlen_fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, args, *seqs, max_q, max_k)
     p = _bwd_params(fwd_p, dout64[None], dlse64, dq[None], dk[None], dv[None], deterministic)
     _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
@@ -352,9 +467,10 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
 
 
 @varlen_bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, softmax_scale, causal, window_left,
-      window_right, softcap, deterministic):
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+      softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    _check_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                      max_seqlen_k)
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 

@@ -7,8 +7,10 @@
 #include <string>
 
 #include "api/device.h"
+#include "api/guarded.h"
 #include "api/status.h"
 #include "api/validate.h"
+#include "api/varlen_check.h"
 #include "api/workspace.h"
 #include "arch/dispatch.h"
 #include "common/kernel_params.h"
@@ -56,6 +58,8 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   k.cu_seqlens_q = p.cu_seqlens_q;
   k.cu_seqlens_k = p.cu_seqlens_k;
   k.seqused_k = p.seqused_k;
+  k.total_q = p.cu_seqlens_q ? (int)p.total_q : 0;
+  k.total_k = p.cu_seqlens_k ? (int)p.total_k : 0;
   return k;
 }
 
@@ -99,23 +103,42 @@ BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig cons
                             deterministic ? current_sm_count() : 1);
 }
 
+// The device-side pointers a varlen call reads or writes besides the tensors.
+flashcute_status_t check_varlen_pointers(flashcute_fwd_params const& p) {
+  return check_device_pointers({{p.cu_seqlens_q, "cu_seqlens_q"},
+                                {p.cu_seqlens_k, "cu_seqlens_k"},
+                                {p.seqused_k, "seqused_k"},
+                                {p.varlen_status, "varlen_status"}});
+}
+
+// varlen_status, when asked for, is written on every varlen call, also one with nothing to compute.
+flashcute_status_t report_varlen(flashcute_fwd_params const& p, void* stream) {
+  if (!p.varlen_status) return FLASHCUTE_SUCCESS;
+  return launch_status(launch_varlen_check(kernel_params(p), p.varlen_status, stream), "varlen_check", 0);
+}
+
 }  // namespace
 
 extern "C" {
 
 void flashcute_fwd_params_init(flashcute_fwd_params* p) {
+  if (!p) return;
   std::memset(p, 0, sizeof(*p));
   p->dtype = FLASHCUTE_BFLOAT16;
   p->window_left = -1;
   p->window_right = -1;
+  p->total_q = -1;
+  p->total_k = -1;
 }
 
 void flashcute_bwd_params_init(flashcute_bwd_params* p) {
+  if (!p) return;
   std::memset(p, 0, sizeof(*p));
   flashcute_fwd_params_init(&p->fwd);
 }
 
 void flashcute_fwd_params_set_contiguous_strides(flashcute_fwd_params* p) {
+  if (!p) return;
   p->q_head_stride = p->head_dim, p->q_row_stride = p->nheads * p->head_dim;
   p->q_batch_stride = p->seqlen_q * p->q_row_stride;
   p->k_head_stride = p->head_dim, p->k_row_stride = p->nheads_kv * p->head_dim;
@@ -125,93 +148,128 @@ void flashcute_fwd_params_set_contiguous_strides(flashcute_fwd_params* p) {
   p->out_head_stride = p->head_dim_v, p->out_row_stride = p->nheads * p->head_dim_v;
   p->out_batch_stride = p->seqlen_q * p->out_row_stride;
   p->lse_head_stride = p->seqlen_q, p->lse_batch_stride = p->nheads * p->seqlen_q;
+  if (p->cu_seqlens_q && p->total_q >= 0) p->lse_head_stride = p->total_q, p->lse_batch_stride = 0;
 }
 
 flashcute_status_t flashcute_fwd_workspace_size(flashcute_fwd_params const* params, size_t* bytes) {
-  if (!bytes) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "bytes is NULL");
-  *bytes = 0;
-  return validate_fwd(params, Target::kDevice);
+  return guarded([&] {
+    if (!bytes) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+    *bytes = 0;
+    if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
+    auto const p = normalized(*params);
+    return validate_fwd(&p, Target::kDevice);
+  });
 }
 
 flashcute_status_t flashcute_bwd_workspace_size(flashcute_bwd_params const* params, size_t* bytes) {
-  if (!bytes) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "bytes is NULL");
-  *bytes = 0;
-  if (auto s = validate_bwd(params, Target::kDevice)) return s;
-  KernelConfig const* cfg = nullptr;
-  int device_sm = 0;
-  if (auto s = choose_config(FLASHCUTE_BACKWARD, params->fwd, &cfg, &device_sm)) return s;
-  *bytes = bwd_workspace(*params, *cfg).total;
-  return FLASHCUTE_SUCCESS;
+  return guarded([&] {
+    if (!bytes) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+    *bytes = 0;
+    if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
+    auto const bp = normalized(*params);
+    if (auto s = validate_bwd(&bp, Target::kDevice)) return s;
+    if (!bwd_has_work(bp.fwd)) return FLASHCUTE_SUCCESS;
+    KernelConfig const* cfg = nullptr;
+    int device_sm = 0;
+    if (auto s = choose_config(FLASHCUTE_BACKWARD, bp.fwd, &cfg, &device_sm)) return s;
+    *bytes = bwd_workspace(bp, *cfg).total;
+    return FLASHCUTE_SUCCESS;
+  });
 }
 
 flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* stream) {
-  if (auto s = validate_fwd(params, Target::kDevice)) return s;
-  auto const& p = *params;
-  if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"}})) return s;
-  KernelConfig const* cfg = nullptr;
-  int device_sm = 0;
-  if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm)) return s;
-  FwdLaunchFn launch = find_fwd_launcher(cfg->name);
-  if (!launch) return not_built(*cfg);
-  return launch_status(launch(kernel_params(p), stream), cfg->name, device_sm);
+  return guarded([&] {
+    if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
+    auto const p = normalized(*params);
+    if (auto s = validate_fwd(&p, Target::kDevice)) return s;
+    if (!fwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
+    if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
+                                        {p.workspace, "workspace"}}))
+      return s;
+    if (auto s = check_varlen_pointers(p)) return s;
+    if (auto s = report_varlen(p, stream)) return s;
+    if (!fwd_has_work(p)) return FLASHCUTE_SUCCESS;
+    KernelConfig const* cfg = nullptr;
+    int device_sm = 0;
+    if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm)) return s;
+    FwdLaunchFn launch = find_fwd_launcher(cfg->name);
+    if (!launch) return not_built(*cfg);
+    return launch_status(launch(kernel_params(p), stream), cfg->name, device_sm);
+  });
 }
 
 flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* stream) {
-  if (auto s = validate_bwd(params, Target::kDevice)) return s;
-  auto const& p = params->fwd;
-  if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
-                                      {params->dout, "dout"}, {params->dlse, "dlse"}, {params->dq, "dq"},
-                                      {params->dk, "dk"}, {params->dv, "dv"}}))
-    return s;
-  KernelConfig const* cfg = nullptr;
-  int device_sm = 0;
-  if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
-  BwdLaunchFn launch = find_bwd_launcher(cfg->name);
-  if (!launch) return not_built(*cfg);
-  BwdWorkspace const ws = bwd_workspace(*params, *cfg);
-  if (ws.total && (!params->workspace || params->workspace_size < ws.total))
-    return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be at least " + std::to_string(ws.total) +
-                                               " bytes (see flashcute_bwd_workspace_size), got " +
-                                               std::to_string(params->workspace ? params->workspace_size : 0));
-  BwdKernelParams k{};
-  static_cast<FwdKernelParams&>(k) = kernel_params(p);
-  k.dout = params->dout;
-  k.dout_batch_stride = params->dout_batch_stride, k.dout_row_stride = params->dout_row_stride;
-  k.dout_head_stride = params->dout_head_stride;
-  k.dlse = static_cast<float const*>(params->dlse);
-  k.dq = params->dq, k.dk = params->dk, k.dv = params->dv;
-  k.dq_batch_stride = params->dq_batch_stride, k.dq_row_stride = params->dq_row_stride;
-  k.dq_head_stride = params->dq_head_stride;
-  k.dk_batch_stride = params->dk_batch_stride, k.dk_row_stride = params->dk_row_stride;
-  k.dk_head_stride = params->dk_head_stride;
-  k.dv_batch_stride = params->dv_batch_stride, k.dv_row_stride = params->dv_row_stride;
-  k.dv_head_stride = params->dv_head_stride;
-  char* base = static_cast<char*>(params->workspace);
-  k.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
-  k.dsoftmax_sum = reinterpret_cast<float*>(base + ws.dsoftmax_sum);
-  k.lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
-  bool const gqa = p.nheads != p.nheads_kv;
-  k.dk_accum = gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
-  k.dv_accum = gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
-  k.seqlen_q_rounded = (int)ws.seqlen_q_rounded;
-  k.seqlen_k_rounded = (int)ws.seqlen_k_rounded;
-  k.head_dim_rounded = (int)ws.head_dim_rounded;
-  k.dq_slots = ws.dq_slots;
-  k.dq_slot_elems = ws.dq_slot_elems;
-  k.deterministic = params->deterministic != 0;
-  return launch_status(launch(k, stream), cfg->name, device_sm);
+  return guarded([&] {
+    if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
+    auto const bp = normalized(*params);
+    if (auto s = validate_bwd(&bp, Target::kDevice)) return s;
+    auto const& p = bp.fwd;
+    if (!bwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
+    if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
+                                        {bp.dout, "dout"}, {bp.dlse, "dlse"}, {bp.dq, "dq"}, {bp.dk, "dk"},
+                                        {bp.dv, "dv"}, {bp.workspace, "workspace"}}))
+      return s;
+    if (auto s = check_varlen_pointers(p)) return s;
+    if (auto s = report_varlen(p, stream)) return s;
+    if (!bwd_has_work(p)) return FLASHCUTE_SUCCESS;
+    KernelConfig const* cfg = nullptr;
+    int device_sm = 0;
+    if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
+    BwdLaunchFn launch = find_bwd_launcher(cfg->name);
+    if (!launch) return not_built(*cfg);
+    BwdWorkspace const ws = bwd_workspace(bp, *cfg);
+    if (ws.total && (!bp.workspace || bp.workspace_size < ws.total))
+      return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be at least " + std::to_string(ws.total) +
+                                                 " bytes (see flashcute_bwd_workspace_size), got " +
+                                                 std::to_string(bp.workspace ? bp.workspace_size : 0));
+    BwdKernelParams k{};
+    static_cast<FwdKernelParams&>(k) = kernel_params(p);
+    k.dout = bp.dout;
+    k.dout_batch_stride = bp.dout_batch_stride, k.dout_row_stride = bp.dout_row_stride;
+    k.dout_head_stride = bp.dout_head_stride;
+    k.dlse = static_cast<float const*>(bp.dlse);
+    k.dq = bp.dq, k.dk = bp.dk, k.dv = bp.dv;
+    k.dq_batch_stride = bp.dq_batch_stride, k.dq_row_stride = bp.dq_row_stride;
+    k.dq_head_stride = bp.dq_head_stride;
+    k.dk_batch_stride = bp.dk_batch_stride, k.dk_row_stride = bp.dk_row_stride;
+    k.dk_head_stride = bp.dk_head_stride;
+    k.dv_batch_stride = bp.dv_batch_stride, k.dv_row_stride = bp.dv_row_stride;
+    k.dv_head_stride = bp.dv_head_stride;
+    char* base = static_cast<char*>(bp.workspace);
+    k.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+    k.dsoftmax_sum = reinterpret_cast<float*>(base + ws.dsoftmax_sum);
+    k.lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
+    bool const gqa = p.nheads != p.nheads_kv;
+    k.dk_accum = gqa ? reinterpret_cast<float*>(base + ws.dk_accum) : nullptr;
+    k.dv_accum = gqa ? reinterpret_cast<float*>(base + ws.dv_accum) : nullptr;
+    k.seqlen_q_rounded = (int)ws.seqlen_q_rounded;
+    k.seqlen_k_rounded = (int)ws.seqlen_k_rounded;
+    k.head_dim_rounded = (int)ws.head_dim_rounded;
+    k.dq_slots = ws.dq_slots;
+    k.dq_slot_elems = ws.dq_slot_elems;
+    k.deterministic = bp.deterministic != 0;
+    return launch_status(launch(k, stream), cfg->name, device_sm);
+  });
 }
 
 flashcute_status_t flashcute_reference_fwd(flashcute_fwd_params const* params) {
-  if (auto s = validate_fwd(params, Target::kHostReference)) return s;
-  reference::forward(*params);
-  return FLASHCUTE_SUCCESS;
+  return guarded([&] {
+    if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
+    auto const p = normalized(*params);
+    if (auto s = validate_fwd(&p, Target::kHostReference)) return s;
+    reference::forward(p);
+    return FLASHCUTE_SUCCESS;
+  });
 }
 
 flashcute_status_t flashcute_reference_bwd(flashcute_bwd_params const* params) {
-  if (auto s = validate_bwd(params, Target::kHostReference)) return s;
-  reference::backward(*params);
-  return FLASHCUTE_SUCCESS;
+  return guarded([&] {
+    if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
+    auto const p = normalized(*params);
+    if (auto s = validate_bwd(&p, Target::kHostReference)) return s;
+    reference::backward(p);
+    return FLASHCUTE_SUCCESS;
+  });
 }
 
 char const* flashcute_version(void) {

@@ -5,7 +5,9 @@
 #include <string>
 
 #include "api/device.h"
+#include "api/guarded.h"
 #include "api/status.h"
+#include "api/validate.h"
 #include "arch/dispatch.h"
 #include "flashcute/flashcute.h"
 
@@ -31,23 +33,13 @@ std::string describe(arch::Profile const& p) {
          caps + "]";
 }
 
-}  // namespace
-
-extern "C" {
-
-flashcute_status_t flashcute_arch_profiles(int sm, char* buffer, size_t buffer_size) {
-  std::string text;
-  for (auto const& p : arch::kProfiles)
-    if (sm <= 0 || p.sm == sm) text += describe(p) + "\n";
-  if (text.empty()) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "sm " + std::to_string(sm) + " has no profile");
-  return copy_out(text, buffer, buffer_size);
-}
-
-flashcute_status_t flashcute_explain(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm,
-                                     char* buffer, size_t buffer_size) {
+flashcute_status_t explain(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm, char* buffer,
+                           size_t buffer_size) {
+  clear_error();
   if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
   if (direction != FLASHCUTE_FORWARD && direction != FLASHCUTE_BACKWARD)
     return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "direction must be FLASHCUTE_FORWARD or FLASHCUTE_BACKWARD");
+  if (auto s = validate_problem(*params, Target::kDevice)) return s;
   arch::Profile const* profile = nullptr;
   std::string origin;
   if (sm > 0) {
@@ -72,6 +64,26 @@ flashcute_status_t flashcute_explain(flashcute_direction_t direction, flashcute_
           std::to_string(c->warps) + " warps, " + std::to_string(c->smem_bytes / 1024) + " KB smem, sized for " +
           std::to_string(c->ctas_per_sm) + " CTA/SM), " + (built ? "built" : "NOT built in this binary");
   return copy_out(text, buffer, buffer_size);
+}
+
+}  // namespace
+
+extern "C" {
+
+flashcute_status_t flashcute_arch_profiles(int sm, char* buffer, size_t buffer_size) {
+  return guarded([&] {
+    clear_error();
+    std::string text;
+    for (auto const& p : arch::kProfiles)
+      if (sm <= 0 || p.sm == sm) text += describe(p) + "\n";
+    if (text.empty()) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "sm " + std::to_string(sm) + " has no profile");
+    return copy_out(text, buffer, buffer_size);
+  });
+}
+
+flashcute_status_t flashcute_explain(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm,
+                                     char* buffer, size_t buffer_size) {
+  return guarded([&] { return explain(direction, params, sm, buffer, buffer_size); });
 }
 
 char const* flashcute_build_info(void) {

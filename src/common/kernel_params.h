@@ -22,7 +22,8 @@ struct FwdKernelParams {
   int64_t lse_batch_stride, lse_head_stride;
 
   int batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v;
-  int kv_group;  // nheads / nheads_kv
+  int kv_group;          // nheads / nheads_kv
+  int total_q, total_k;  // varlen: packed rows of q/out and k/v, the bounds every sequence is clamped to
 
   // Scores enter exp2 as s * log2(e): without softcap s = scale * qk, so the scale folds into one multiplier.
   // With softcap c, s = c * tanh(qk * scale / c): the kernel multiplies by softcap_prescale before tanh and by
@@ -64,30 +65,38 @@ struct BwdKernelParams : FwdKernelParams {
 };
 
 // Per-sequence view: offsets and lengths of sequence `b`, for both the fixed-length batch and varlen.
+// Varlen offsets are clamped, never trusted: whatever cu_seqlens and seqused_k hold, a sequence stays inside the
+// packed rows (total_q / total_k) and within the declared maxima (seqlen_q / seqlen_k), which size the grids and
+// the backward's workspace. Consistent offsets pass through unchanged; the API's optional check reports the rest.
 struct SeqInfo {
   int64_t q_row0;  // first packed row of this sequence (varlen) or 0
   int64_t k_row0;
   int seqlen_q;
-  int seqlen_k;
+  int seqlen_k;  // keys that take part: seqused_k when given
+
+  // Rows [row0, row0 + length) of sequence b in `total` packed rows: the start clamped into [0, total], the end
+  // into [start, total], the length to max_len.
+  FLASHCUTE_HD static int span(int const* cu, int b, int total, int max_len, int64_t& row0) {
+    int const lo = Mask::imin(Mask::imax(cu[b], 0), total);
+    int const hi = Mask::imin(Mask::imax(cu[b + 1], lo), total);
+    row0 = lo;
+    return Mask::imin(hi - lo, max_len);
+  }
+
+  // Every key row sequence b owns (rows past seqused_k included, which get zero gradients).
+  template <class P>
+  FLASHCUTE_HD static int key_rows(P const& p, int b) {
+    int64_t row0;
+    return p.cu_seqlens_k ? span(p.cu_seqlens_k, b, p.total_k, p.seqlen_k, row0) : p.seqlen_k;
+  }
 
   template <class P>
   FLASHCUTE_HD static SeqInfo make(P const& p, int b) {
     SeqInfo s;
-    if (p.cu_seqlens_q) {
-      s.q_row0 = p.cu_seqlens_q[b];
-      s.seqlen_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-    } else {
-      s.q_row0 = 0;
-      s.seqlen_q = p.seqlen_q;
-    }
-    if (p.cu_seqlens_k) {
-      s.k_row0 = p.cu_seqlens_k[b];
-      s.seqlen_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-    } else {
-      s.k_row0 = 0;
-      s.seqlen_k = p.seqlen_k;
-    }
-    if (p.seqused_k) s.seqlen_k = p.seqused_k[b];
+    s.q_row0 = s.k_row0 = 0;
+    s.seqlen_q = p.cu_seqlens_q ? span(p.cu_seqlens_q, b, p.total_q, p.seqlen_q, s.q_row0) : p.seqlen_q;
+    s.seqlen_k = p.cu_seqlens_k ? span(p.cu_seqlens_k, b, p.total_k, p.seqlen_k, s.k_row0) : p.seqlen_k;
+    if (p.seqused_k) s.seqlen_k = Mask::imin(Mask::imax(p.seqused_k[b], 0), s.seqlen_k);
     return s;
   }
 

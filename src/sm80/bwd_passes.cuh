@@ -34,17 +34,20 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
     if (err != cudaSuccess) return err;
   }
   // Varlen: seqlen_k is the longest sequence; key tiles past a shorter one are skipped at once. Deterministic mode
-  // runs dq_slots CTAs per column, each walking a strided set of key tiles (see the mainloop kernels).
+  // runs dq_slots CTAs per column, each walking a strided set of key tiles (see the mainloop kernels). A pass with
+  // nothing to do (no keys, or no queries) is not launched: a grid dimension of 0 is a launch error.
   bool const group_in_cta = p.nheads != p.nheads_kv && p.deterministic;
   int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   dim3 const grid(p.deterministic ? p.dq_slots : key_tiles, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
-  kernel<<<grid, T::kThreads, smem, stream>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if (key_tiles > 0) {
+    kernel<<<grid, T::kThreads, smem, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
 
   dim3 const dq_grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.nheads, p.batch);
-  bwd_convert_dq_kernel<T><<<dq_grid, T::kThreads, 0, stream>>>(p);
-  if (p.nheads != p.nheads_kv && !p.deterministic) {  // GQA's dk/dv were added into float32 accumulators
+  if (dq_grid.x > 0) bwd_convert_dq_kernel<T><<<dq_grid, T::kThreads, 0, stream>>>(p);
+  if (p.nheads != p.nheads_kv && !p.deterministic && key_tiles > 0) {  // GQA's dk/dv went to float32 accumulators
     dim3 const kv_grid((p.seqlen_k + kRows - 1) / kRows, p.nheads_kv, p.batch);
     bwd_postprocess_kernel<Element><<<kv_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
   }

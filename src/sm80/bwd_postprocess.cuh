@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
   int const row0 = blockIdx.x * kRows;
   SeqInfo const seq = SeqInfo::make(p, b);
   // Every row the sequence owns, also those past seqused_k, whose accumulators stayed zero.
-  int const key_rows = p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.seqlen_k;
+  int const key_rows = SeqInfo::key_rows(p, b);
   if (row0 >= key_rows) return;
   int const rows = min(kRows, key_rows - row0);
   int64_t const acc_stride = (int64_t)p.nheads_kv * p.head_dim_rounded;

@@ -69,9 +69,9 @@ TEST(ApiErrors, EveryBadForwardArgumentIsNamed) {
       {"k", [](auto& f) { f.k = nullptr; }},
       {"v", [](auto& f) { f.v = nullptr; }},
       {"out", [](auto& f) { f.out = nullptr; }},
-      {"batch", [](auto& f) { f.batch = 0; }},
+      {"batch", [](auto& f) { f.batch = -1; }},
       {"seqlen_q", [](auto& f) { f.seqlen_q = -3; }},
-      {"seqlen_k", [](auto& f) { f.seqlen_k = 0; }},
+      {"seqlen_k", [](auto& f) { f.seqlen_k = -2; }},
       {"nheads", [](auto& f) { f.nheads = 3; }},  // not a multiple of nheads_kv = 2
       {"nheads_kv", [](auto& f) { f.nheads_kv = 0; }},
       {"head_dim", [](auto& f) { f.head_dim = 0; }},
@@ -109,7 +109,7 @@ TEST(ApiErrors, GpuOnlyRulesAreNamed) {
       {"head_dim_v", [](auto& f) { f.head_dim_v = 20; }},
       {"q must be 16-byte aligned", [](auto& f) { f.q = static_cast<char const*>(f.q) + 2; }},
       {"k strides must be multiples", [](auto& f) { f.k_row_stride = 12; }},
-      {"out strides must be multiples", [](auto& f) { f.out_batch_stride = 3; }},
+      {"out strides must be multiples", [](auto& f) { f.out_row_stride = 36; }},
   };
   for (auto const& c : cases) {
     HostProblem p;

@@ -86,7 +86,12 @@ def test_varlen_matches_per_sequence_gpu(name):
 
 def test_varlen_opcheck():
     q, k, v, cu_q, cu_k, seqused, causal, window = make_case("seqused", torch.float64, "cpu")
-    args = (cu_q, cu_k, seqused, 0.25, causal, -1, -1, 0.0)
+    for maxima in ((-1, -1), (20, 25)):  # read on the host, or given (no host copy)
+        args = (cu_q, cu_k, seqused, *maxima, 0.25, causal, -1, -1, 0.0)
+        _opcheck_varlen(q, k, v, args)
+
+
+def _opcheck_varlen(q, k, v, args):
     torch.library.opcheck(torch.ops.flashcute.varlen_fwd, (q, k, v, *args, False))
     q, k, v = (t.detach() for t in (q, k, v))
     out, lse = torch.ops.flashcute.varlen_fwd(q, k, v, *args)
