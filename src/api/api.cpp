@@ -183,15 +183,15 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
     auto const p = normalized(*params);
     if (auto s = validate_fwd(&p, Target::kDevice)) return s;
     if (!fwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
+    KernelConfig const* cfg = nullptr;
+    int device_sm = 0;
+    if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm)) return s;
     if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
                                         {p.workspace, "workspace"}}))
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
     if (auto s = report_varlen(p, stream)) return s;
     if (!fwd_has_work(p)) return FLASHCUTE_SUCCESS;
-    KernelConfig const* cfg = nullptr;
-    int device_sm = 0;
-    if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm)) return s;
     FwdLaunchFn launch = find_fwd_launcher(cfg->name);
     if (!launch) return not_built(*cfg);
     return launch_status(launch(kernel_params(p), stream), cfg->name, device_sm);
@@ -205,6 +205,9 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     if (auto s = validate_bwd(&bp, Target::kDevice)) return s;
     auto const& p = bp.fwd;
     if (!bwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
+    KernelConfig const* cfg = nullptr;
+    int device_sm = 0;
+    if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
     if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
                                         {bp.dout, "dout"}, {bp.dlse, "dlse"}, {bp.dq, "dq"}, {bp.dk, "dk"},
                                         {bp.dv, "dv"}, {bp.workspace, "workspace"}}))
@@ -212,9 +215,6 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     if (auto s = check_varlen_pointers(p)) return s;
     if (auto s = report_varlen(p, stream)) return s;
     if (!bwd_has_work(p)) return FLASHCUTE_SUCCESS;
-    KernelConfig const* cfg = nullptr;
-    int device_sm = 0;
-    if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
     BwdLaunchFn launch = find_bwd_launcher(cfg->name);
     if (!launch) return not_built(*cfg);
     BwdWorkspace const ws = bwd_workspace(bp, *cfg);

@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads) varlen_check_kernel(__grid_constant_
     if (q < 0 || q > p.total_q) mine |= FLASHCUTE_VARLEN_BAD_CU_SEQLENS_Q;
     if (k < 0 || k > p.total_k) mine |= FLASHCUTE_VARLEN_BAD_CU_SEQLENS_K;
     if (b == p.batch) break;
-    int const q_len = p.cu_seqlens_q[b + 1] - q, k_len = p.cu_seqlens_k[b + 1] - k;
+    long long const q_len = (long long)p.cu_seqlens_q[b + 1] - q, k_len = (long long)p.cu_seqlens_k[b + 1] - k;
     if (q_len < 0) mine |= FLASHCUTE_VARLEN_BAD_CU_SEQLENS_Q;
     if (k_len < 0) mine |= FLASHCUTE_VARLEN_BAD_CU_SEQLENS_K;
     if (q_len > p.seqlen_q) mine |= FLASHCUTE_VARLEN_SEQLEN_Q;

@@ -10,7 +10,10 @@
 #include <cmath>
 #include <ostream>
 #include <random>
+#include <climits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "flashcute/flashcute.h"
@@ -103,6 +106,7 @@ void run(Case const& c) {
   p.head_dim = p.head_dim_v = c.d;
   p.softmax_scale = 1.f / std::sqrt((float)c.d);
   p.softcap = c.softcap, p.causal = c.causal, p.window_left = c.left, p.window_right = c.right;
+  if (c.varlen) p.total_q = cu_q.back(), p.total_k = cu_k.back();
   flashcute_fwd_params_set_contiguous_strides(&p);
   if (c.varlen) p.lse_head_stride = cu_q.back();  // lse is (H, total_q)
 
@@ -119,15 +123,22 @@ void run(Case const& c) {
   upload(qd, qh), upload(kd, kh), upload(vd, vh), upload(dout_, douth), upload(dlse_, dlsef);
   p.dtype = FLASHCUTE_BFLOAT16, p.q = qd.ptr, p.k = kd.ptr, p.v = vd.ptr, p.out = out.ptr, p.lse = lse.ptr;
   DeviceBuffer cu_qd(cu_q.size() * 4, 0), cu_kd(cu_k.size() * 4, 0), used_kd(used_k.size() * 4, 0);
+  DeviceBuffer status(4);
   if (c.varlen) {
     upload(cu_qd, cu_q), upload(cu_kd, cu_k), upload(used_kd, used_k);
     p.cu_seqlens_q = static_cast<int32_t const*>(cu_qd.ptr), p.cu_seqlens_k = static_cast<int32_t const*>(cu_kd.ptr);
     p.seqused_k = static_cast<int32_t const*>(used_kd.ptr);
+    p.varlen_status = static_cast<int32_t*>(status.ptr);
   }
   flashcute_status_t const st = flashcute_fwd(&p, nullptr);
   if (st == FLASHCUTE_ERROR_NOT_BUILT) GTEST_SKIP() << flashcute_last_error();
   ASSERT_EQ(st, FLASHCUTE_SUCCESS) << flashcute_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (c.varlen) {
+    int32_t flags = -1;
+    cudaMemcpy(&flags, status.ptr, 4, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(flags, 0) << "consistent offsets reported as inconsistent";
+  }
   std::vector<__nv_bfloat16> out_h(nq);
   std::vector<float> lse_h(nl);
   cudaMemcpy(out_h.data(), out.ptr, nq * 2, cudaMemcpyDeviceToHost);
@@ -201,3 +212,146 @@ INSTANTIATE_TEST_SUITE_P(
              (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "") +
              (c.varlen ? "_varlen" : "");
     });
+
+// ---------------------------------------------------------------------------------------------------------------
+// Offsets the caller got wrong: whatever cu_seqlens and seqused_k hold, no kernel touches memory outside the
+// tensors and the workspace (this binary runs under compute-sanitizer memcheck, with every buffer allocated at its
+// exact size), every call succeeds, and varlen_status names what was wrong.
+
+namespace {
+
+struct Exact {  // a device allocation of exactly the tensor's bytes, so that any access past it is caught
+  void* ptr = nullptr;
+  explicit Exact(size_t bytes) {
+    EXPECT_EQ(cudaMalloc(&ptr, bytes ? bytes : 1), cudaSuccess);
+    cudaMemset(ptr, 0x3C, bytes ? bytes : 1);  // ~1.0 in bf16: finite inputs
+  }
+  ~Exact() { cudaFree(ptr); }
+};
+
+struct Offsets {
+  char const* what;
+  std::vector<int32_t> cu_q, cu_k, used;
+  int32_t expect;  // varlen_status bits
+};
+
+void run_adversarial(Offsets const& o, int head_dim, int deterministic) {
+  int const batch = 4, h = 4, hkv = 2, total_q = 100, total_k = 150, max_q = 64, max_k = 80;
+  flashcute_fwd_params p;
+  flashcute_fwd_params_init(&p);
+  p.batch = batch, p.seqlen_q = max_q, p.seqlen_k = max_k, p.nheads = h, p.nheads_kv = hkv;
+  p.head_dim = p.head_dim_v = head_dim, p.softmax_scale = 0.125f, p.causal = 1;
+  p.total_q = total_q, p.total_k = total_k;
+  flashcute_fwd_params_set_contiguous_strides(&p);
+  size_t const nq = (size_t)total_q * h * head_dim, nk = (size_t)total_k * hkv * head_dim, nl = (size_t)total_q * h;
+  Exact q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(nl * 4), dout(nq * 2), dlse(nl * 4);
+  Exact dq(nq * 2), dk(nk * 2), dv(nk * 2), cu_q(o.cu_q.size() * 4), cu_k(o.cu_k.size() * 4), status(4);
+  Exact used(o.used.size() * 4);
+  cudaMemcpy(cu_q.ptr, o.cu_q.data(), o.cu_q.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(cu_k.ptr, o.cu_k.data(), o.cu_k.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(used.ptr, o.used.data(), o.used.size() * 4, cudaMemcpyHostToDevice);
+  p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.out = out.ptr, p.lse = lse.ptr;
+  p.cu_seqlens_q = static_cast<int32_t const*>(cu_q.ptr), p.cu_seqlens_k = static_cast<int32_t const*>(cu_k.ptr);
+  p.seqused_k = o.used.empty() ? nullptr : static_cast<int32_t const*>(used.ptr);
+  p.varlen_status = static_cast<int32_t*>(status.ptr);
+  flashcute_status_t const st = flashcute_fwd(&p, nullptr);
+  if (st == FLASHCUTE_ERROR_NOT_BUILT) GTEST_SKIP() << flashcute_last_error();
+  ASSERT_EQ(st, FLASHCUTE_SUCCESS) << o.what << ": " << flashcute_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << o.what;
+  int32_t flags = -1;
+  cudaMemcpy(&flags, status.ptr, 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(flags, o.expect) << o.what << " (forward)";
+
+  flashcute_bwd_params b;
+  flashcute_bwd_params_init(&b);
+  b.fwd = p, b.dout = dout.ptr, b.dlse = dlse.ptr, b.dq = dq.ptr, b.dk = dk.ptr, b.dv = dv.ptr;
+  b.dout_row_stride = b.dq_row_stride = p.q_row_stride, b.dout_head_stride = b.dq_head_stride = p.q_head_stride;
+  b.dk_row_stride = b.dv_row_stride = p.k_row_stride, b.dk_head_stride = b.dv_head_stride = p.k_head_stride;
+  b.deterministic = deterministic;
+  size_t ws = 0;
+  ASSERT_EQ(flashcute_bwd_workspace_size(&b, &ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  Exact work(ws);
+  b.workspace = work.ptr, b.workspace_size = ws;
+  cudaMemset(status.ptr, 0x7F, 4);
+  ASSERT_EQ(flashcute_bwd(&b, nullptr), FLASHCUTE_SUCCESS) << o.what << ": " << flashcute_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << o.what;
+  cudaMemcpy(&flags, status.ptr, 4, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(flags, o.expect) << o.what << " (backward)";
+}
+
+}  // namespace
+
+TEST(GpuKernelsVarlen, AdversarialOffsetsStayInBounds) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  int32_t const lo = INT32_MIN, hi = INT32_MAX;
+  std::vector<Offsets> const cases = {
+      {"consistent", {0, 30, 60, 60, 100}, {0, 40, 100, 120, 150}, {40, 10, 20, 30}, 0},
+      {"past the rows", {0, 50, 90, 130, 200}, {0, 60, 120, 180, 240}, {}, 1 | 2 | 4},
+      {"decreasing", {0, 60, 20, 80, 40}, {150, 100, 50, 10, 0}, {}, 1 | 2},
+      {"negative", {-50, -10, 0, 10, 20}, {-1, 0, -7, 3, 5}, {}, 1 | 2},
+      {"too long for the maxima", {0, 100, 100, 100, 100}, {0, 150, 150, 150, 150}, {}, 4 | 8},
+      {"seqused_k outside its sequence", {0, 25, 50, 75, 100}, {0, 30, 60, 90, 150}, {1000, -3, lo, 60}, 16},
+      {"int32 extremes", {lo, hi, lo, hi, lo}, {hi, lo, hi, lo, hi}, {hi, lo, hi, lo}, 1 | 2 | 4 | 8 | 16},
+  };
+  for (int head_dim : {64, 128})
+    for (int deterministic : {0, 1})
+      for (auto const& o : cases) {
+        run_adversarial(o, head_dim, deterministic);
+        if (HasFatalFailure() || IsSkipped()) return;
+      }
+}
+
+// Empty problems: nothing launched where there is nothing to do (NULL pointers accepted for tensors without
+// elements), rows that see no key when there are no keys, zero dk/dv when there are no queries.
+TEST(GpuKernelsEmpty, EmptyBatchesAndSequences) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (auto [batch, sq, sk] : {std::tuple{0, 16, 16}, {2, 0, 0}, {2, 0, 33}, {2, 17, 0}}) {
+    int const h = 2, d = 64;
+    flashcute_fwd_params p;
+    flashcute_fwd_params_init(&p);
+    p.batch = batch, p.seqlen_q = sq, p.seqlen_k = sk, p.nheads = p.nheads_kv = h, p.head_dim = p.head_dim_v = d;
+    p.softmax_scale = 0.125f;
+    flashcute_fwd_params_set_contiguous_strides(&p);
+    size_t const nq = (size_t)batch * sq * h * d, nk = (size_t)batch * sk * h * d, nl = (size_t)batch * h * sq;
+    auto dev = [](size_t bytes) -> void* {
+      void* ptr = nullptr;
+      if (bytes) EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
+      if (bytes) cudaMemset(ptr, 0xFF, bytes);
+      return ptr;
+    };
+    void *q = dev(nq * 2), *k = dev(nk * 2), *v = dev(nk * 2), *out = dev(nq * 2), *lse = dev(nl * 4);
+    void *dq = dev(nq * 2), *dk = dev(nk * 2), *dv = dev(nk * 2), *dout = dev(nq * 2);
+    if (dout) cudaMemset(dout, 0x3C, nq * 2);
+    p.q = q, p.k = k, p.v = v, p.out = out, p.lse = lse;
+    flashcute_status_t const st = flashcute_fwd(&p, nullptr);
+    if (st == FLASHCUTE_ERROR_NOT_BUILT) GTEST_SKIP() << flashcute_last_error();
+    ASSERT_EQ(st, FLASHCUTE_SUCCESS) << flashcute_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<__nv_bfloat16> out_h(nq);
+    std::vector<float> lse_h(nl);
+    if (nq) cudaMemcpy(out_h.data(), out, nq * 2, cudaMemcpyDeviceToHost);
+    if (nl) cudaMemcpy(lse_h.data(), lse, nl * 4, cudaMemcpyDeviceToHost);
+    for (auto x : out_h) ASSERT_EQ(__bfloat162float(x), 0.f) << "no keys: out must be 0";
+    for (float x : lse_h) ASSERT_TRUE(std::isinf(x) && x < 0) << "no keys: lse must be -inf";
+
+    flashcute_bwd_params b;
+    flashcute_bwd_params_init(&b);
+    b.fwd = p, b.dout = dout, b.dq = dq, b.dk = dk, b.dv = dv;
+    b.dout_batch_stride = b.dq_batch_stride = p.q_batch_stride, b.dout_row_stride = b.dq_row_stride = p.q_row_stride;
+    b.dout_head_stride = b.dq_head_stride = p.q_head_stride;
+    b.dk_batch_stride = b.dv_batch_stride = p.k_batch_stride, b.dk_row_stride = b.dv_row_stride = p.k_row_stride;
+    b.dk_head_stride = b.dv_head_stride = p.k_head_stride;
+    size_t ws = 0;
+    ASSERT_EQ(flashcute_bwd_workspace_size(&b, &ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
+    void* work = dev(ws);
+    b.workspace = work, b.workspace_size = ws;
+    ASSERT_EQ(flashcute_bwd(&b, nullptr), FLASHCUTE_SUCCESS) << flashcute_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (auto [ptr, n] : {std::pair{dq, nq}, {dk, nk}, {dv, nk}}) {
+      std::vector<__nv_bfloat16> g(n);
+      if (n) cudaMemcpy(g.data(), ptr, n * 2, cudaMemcpyDeviceToHost);
+      for (auto x : g) ASSERT_EQ(__bfloat162float(x), 0.f) << "batch " << batch << " sq " << sq << " sk " << sk;
+    }
+    for (void* ptr : {q, k, v, out, lse, dq, dk, dv, dout, work}) cudaFree(ptr);
+  }
+}

@@ -10,6 +10,7 @@ if str(_PYTHON) not in sys.path:  # PYTHONPATH=python is then optional
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "fuzz: the long random run, only with `-m fuzz` (tests/python/test_fuzz.py)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,9 +20,12 @@ def pytest_collection_modifyitems(config, items):
     except ModuleNotFoundError:
         has_cuda = False
     skip = pytest.mark.skip(reason="no CUDA device")
+    long_run = "fuzz" in (config.getoption("markexpr") or "")
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip)
+        if "fuzz" in item.keywords and not long_run:
+            item.add_marker(pytest.mark.skip(reason="the long fuzz run needs `-m fuzz`"))
 
 
 @pytest.fixture(scope="session")

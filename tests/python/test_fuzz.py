@@ -1,0 +1,190 @@
+"""Random problems against the float64 reference: shapes (odd sizes, Sq != Sk, head dims 8..256), dtypes, masks,
+softcap, GQA, varlen with seqused_k and padding rows, strided inputs, dlse, deterministic mode and the arch
+profiles' kernels (FLASHCUTE_ARCH), forward and backward, with the error rule of DESIGN.md section 3.
+
+A short run is part of the GPU suite; the long one is `pytest -m fuzz tests/python/test_fuzz.py` with
+FLASHCUTE_FUZZ_COUNT (default 10000) and FLASHCUTE_FUZZ_SEED (default 0); a failure prints the case to replay."""
+import math
+import os
+import random
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import flashcute  # noqa: E402
+from attn_ref import backward, check, forward  # noqa: E402
+from test_gpu_grid import forced_arch  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("flashcute_library")
+
+ARCHS = (None, None, None, 80, 86, 89, 120)  # the device's own profile most often
+
+
+def draw_seqlen(rng):
+    r = rng.random()
+    if r < 0.05:
+        return rng.choice((1, 17, 113, 1013))
+    if r < 0.75:
+        return rng.randint(1, 160)
+    if r < 0.97:
+        return rng.randint(161, 640)
+    return rng.randint(641, 1300)
+
+
+def draw_case(rng):
+    hkv = rng.choice((1, 1, 2, 3))
+    c = {
+        "dtype": rng.choice(("fp16", "bf16")),
+        "head_dim": rng.choice((64, 96, 128, 192, 256, 8 * rng.randint(1, 32))),
+        "nheads_kv": hkv,
+        "nheads": hkv * rng.choice((1, 1, 2, 4)),
+        "causal": rng.random() < 0.4,
+        "window": (rng.choice((None, None, rng.randint(0, 300))), rng.choice((None, None, rng.randint(0, 64)))),
+        "softcap": rng.choice((0.0, 0.0, 0.0, rng.uniform(5.0, 50.0))),
+        "deterministic": rng.random() < 0.2,
+        "dlse": rng.random() < 0.5,
+        "arch": rng.choice(ARCHS),
+        "strided": rng.random() < 0.2,
+        "varlen": rng.random() < 0.25,
+    }
+    c["head_dim_v"] = c["head_dim"] if rng.random() < 0.85 else 8 * rng.randint(1, 32)
+    if c["varlen"]:
+        n = rng.randint(1, 4)
+        c["lens_q"] = [draw_seqlen(rng) * (rng.random() > 0.1) for _ in range(n)]  # some empty sequences
+        c["lens_k"] = [draw_seqlen(rng) for _ in range(n)]
+        c["used_k"] = [rng.randint(0, lk) for lk in c["lens_k"]] if rng.random() < 0.4 else None
+        c["pad_q"] = rng.choice((0, 0, rng.randint(1, 9)))  # rows past the last sequence
+    else:
+        c["batch"] = rng.randint(1, 3)
+        c["seqlen_q"], c["seqlen_k"] = draw_seqlen(rng), draw_seqlen(rng)
+    return c
+
+
+def tensors(shape, dtype, strided, gen):
+    """Random values; strided: a view into a larger buffer with padded rows (non-contiguous, still aligned)."""
+    if not strided:
+        return torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+    big = torch.randn((*shape[:-2], shape[-2] + 1, shape[-1] + 8), device="cuda", dtype=dtype, generator=gen)
+    return big[..., 1:, 8:]
+
+
+def reference_grads(q, k, v, dout, dlse, scale, causal, window, softcap, dtype):
+    out, lse = forward(q, k, v, scale, causal, window, softcap, dtype)
+    return (out, lse, *backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtype))
+
+
+def split(t, cu, batch_dim):
+    return [t.narrow(batch_dim, cu[b], cu[b + 1] - cu[b]) for b in range(len(cu) - 1)]
+
+
+def run(c, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = torch.float16 if c["dtype"] == "fp16" else torch.bfloat16
+    h, hkv, d, dv = c["nheads"], c["nheads_kv"], c["head_dim"], c["head_dim_v"]
+    scale = d ** -0.5
+    kw = dict(softmax_scale=scale, causal=c["causal"], window_size=c["window"], softcap=c["softcap"],
+              deterministic=c["deterministic"])
+    if c["varlen"]:
+        cu_q = [0]
+        for n in c["lens_q"]:
+            cu_q.append(cu_q[-1] + n)
+        cu_k = [0]
+        for n in c["lens_k"]:
+            cu_k.append(cu_k[-1] + n)
+        tq, tk = cu_q[-1] + c["pad_q"], cu_k[-1]
+        q = tensors((1, tq, h, d), dtype, c["strided"], gen)[0]
+        k = tensors((1, tk, hkv, d), dtype, c["strided"], gen)[0]
+        v = tensors((1, tk, hkv, dv), dtype, c["strided"], gen)[0]
+        dout = torch.randn(tq, h, dv, device="cuda", dtype=dtype, generator=gen)
+        dlse = torch.randn(h, tq, device="cuda", generator=gen) if c["dlse"] else None
+        used = c["used_k"]
+        args = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in (cu_q, cu_k)]
+        used_t = None if used is None else torch.tensor(used, dtype=torch.int32, device="cuda")
+        given = {"max_seqlen_q": max(c["lens_q"]), "max_seqlen_k": max(c["lens_k"])} if seed % 2 else {}
+    else:
+        b, sq, sk = c["batch"], c["seqlen_q"], c["seqlen_k"]
+        q = tensors((b, sq, h, d), dtype, c["strided"], gen)
+        k = tensors((b, sk, hkv, d), dtype, c["strided"], gen)
+        v = tensors((b, sk, hkv, dv), dtype, c["strided"], gen)
+        dout = torch.randn(b, sq, h, dv, device="cuda", dtype=dtype, generator=gen)
+        dlse = torch.randn(b, h, sq, device="cuda", generator=gen) if c["dlse"] else None
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with forced_arch(c["arch"]):
+        torch.empty(4 * (q.numel() + k.numel() + v.numel()) + 4096, device="cuda").fill_(float("nan"))  # poison
+        if c["varlen"]:
+            out, lse = flashcute.flash_attn_varlen_func(*leaves, *args, seqused_k=used_t, **kw, **given)
+        else:
+            out, lse = flashcute.flash_attn_func(*leaves, **kw)
+        outs, cots = ([out, lse], [dout, dlse]) if dlse is not None else ([out], [dout])
+        grads = torch.autograd.grad(outs, leaves, cots)
+    ours = (out, lse, *grads)
+
+    # References, per sequence for varlen (padding rows: out 0, lse -inf, gradients 0).
+    window = c["window"]
+    if not c["varlen"]:
+        ref = reference_grads(*(t.double() for t in (q, k, v, dout)), None if dlse is None else dlse.double(),
+                              scale, c["causal"], window, c["softcap"], torch.float64)
+        base = reference_grads(q, k, v, dout, dlse, scale, c["causal"], window, c["softcap"], dtype)
+    else:
+        ref, base = [], []
+        for t64 in (True, False):
+            o = torch.zeros(tq, h, dv, dtype=torch.float64 if t64 else dtype, device="cuda")
+            l_ = torch.full((h, tq), -math.inf, dtype=torch.float64 if t64 else torch.float32, device="cuda")
+            gq = torch.zeros(tq, h, d, dtype=o.dtype, device="cuda")
+            gk = torch.zeros(tk, hkv, d, dtype=o.dtype, device="cuda")
+            gv = torch.zeros(tk, hkv, dv, dtype=o.dtype, device="cuda")
+            for bi in range(len(cu_q) - 1):
+                q0, q1, k0, k1 = cu_q[bi], cu_q[bi + 1], cu_k[bi], cu_k[bi + 1]
+                ku = k1 if used is None else k0 + used[bi]
+                if q1 == q0:
+                    continue
+                conv = (lambda t: t.double()) if t64 else (lambda t: t)
+                qs, ks, vs = (conv(t)[None] for t in (q[q0:q1], k[k0:ku], v[k0:ku]))
+                dos = conv(dout[q0:q1])[None]
+                dls = None if dlse is None else conv(dlse[:, q0:q1])[None]
+                if ku == k0:  # no keys at all: out 0, lse -inf, no gradient
+                    continue
+                r = reference_grads(qs, ks, vs, dos, dls, scale, c["causal"], window, c["softcap"],
+                                    torch.float64 if t64 else dtype)
+                o[q0:q1], l_[:, q0:q1], gq[q0:q1] = r[0][0], r[1][0], r[2][0]
+                gk[k0:ku], gv[k0:ku] = r[3][0], r[4][0]
+            (ref if t64 else base).extend([o, l_, gq, gk, gv])
+    for name, a, r, bse, atol in zip(("out", "lse", "dq", "dk", "dv"), ours, ref, base, (1e-5, 1e-5, 1e-4, 1e-4, 1e-4)):
+        check(a, r, bse, atol, name)
+
+
+def cases(count, seed):
+    rng = random.Random(seed)
+    return [(draw_case(rng), seed * 1_000_003 + i) for i in range(count)]
+
+
+def run_many(count, seed, budget_s=None):
+    failures, start, done = [], time.time(), 0
+    for c, s in cases(count, seed):
+        try:
+            run(c, s)
+        except AssertionError as e:
+            failures.append(f"seed {s}: {c}: {e}")
+        done += 1
+        if budget_s and time.time() - start > budget_s:
+            break
+    elapsed = time.time() - start
+    print(f"fuzz: {done} cases, {len(failures)} failures, {elapsed:.1f} s ({1000 * elapsed / max(done, 1):.1f} ms/case)")
+    assert not failures, "\n".join(failures[:20])
+    return done
+
+
+def test_fuzz_short():
+    run_many(60, 12345)
+
+
+@pytest.mark.fuzz
+def test_fuzz_long():
+    count = int(os.environ.get("FLASHCUTE_FUZZ_COUNT", "10000"))
+    seed = int(os.environ.get("FLASHCUTE_FUZZ_SEED", "0"))
+    done = run_many(count, seed, budget_s=float(os.environ.get("FLASHCUTE_FUZZ_BUDGET_S", "0")) or None)
+    assert done == count, f"ran {done} of {count} cases within the time budget"

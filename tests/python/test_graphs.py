@@ -1,0 +1,122 @@
+"""CUDA graphs and torch.compile on the GPU path: capture + replay of forward and backward (fixed length and varlen
+with device-side offsets) gives eager's bits; torch.compile (inductor, and reduce-overhead, which captures graphs
+itself) gives eager's values. Skipped without CUDA."""
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from flashcute import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("flashcute_library")
+
+
+def fixed_step(deterministic):
+    def step(q, k, v, dout, dlse):
+        out, lse = flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+        return (out, lse, *torch.autograd.grad((out, lse), (q, k, v), (dout, dlse)))
+    return step
+
+
+def varlen_step(cu_q, cu_k, max_q, max_k, deterministic):
+    def step(q, k, v, dout, dlse):
+        out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, causal=True, window_size=(300, None),
+                                          deterministic=deterministic, max_seqlen_q=max_q, max_seqlen_k=max_k)
+        return (out, lse, *torch.autograd.grad((out, lse), (q, k, v), (dout, dlse)))
+    return step
+
+
+def fixed_inputs(gen):
+    q, k, v = (torch.randn(2, 1024, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (8, 2, 2))
+    dout = torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return q, k, v, dout, torch.randn(2, 8, 1024, device="cuda", generator=gen)
+
+
+LENGTHS_Q, LENGTHS_K = (300, 1, 0, 723), (500, 37, 12, 1000)
+
+
+def varlen_inputs(gen):
+    tq, tk = sum(LENGTHS_Q) + 16, sum(LENGTHS_K)  # 16 padding rows past the last sequence
+    q = torch.randn(tq, 8, 64, device="cuda", dtype=torch.float16, generator=gen)
+    k, v = (torch.randn(tk, 4, 64, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
+    return q, k, v, torch.randn_like(q), torch.randn(8, tq, device="cuda", generator=gen)
+
+
+def offsets(lengths):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device="cuda")
+
+
+def capture_and_compare(step, make_inputs, mode, exact_grads):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    static = [t.clone() for t in make_inputs(gen)]
+    for t in static[:3]:
+        t.requires_grad_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph asks
+        for _ in range(2):
+            step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode=mode):
+        results = step(*static)
+    for trial in range(3):  # new values in the static inputs; each replay must match eager on those values
+        fresh = make_inputs(gen)
+        with torch.no_grad():
+            for s, f in zip(static, fresh):
+                s.copy_(f)
+        graph.replay()
+        eager = step(*(t.detach().clone().requires_grad_(i < 3) for i, t in enumerate(static)))
+        torch.cuda.synchronize()
+        for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), results, eager):
+            if name == "dq" and not exact_grads:  # float atomics: the order of additions varies run to run
+                torch.testing.assert_close(got, want, msg=f"replay {trial}: {name}")
+            else:
+                assert torch.equal(got, want), f"replay {trial}: {name} differs from eager"
+
+
+@pytest.mark.parametrize("mode", ["global", "relaxed"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_graph_fixed_length(mode, deterministic):
+    capture_and_compare(fixed_step(deterministic), fixed_inputs, mode, exact_grads=deterministic)
+
+
+@pytest.mark.parametrize("mode", ["global", "relaxed"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_graph_varlen_device_offsets(mode, deterministic):
+    step = varlen_step(offsets(LENGTHS_Q), offsets(LENGTHS_K), max(LENGTHS_Q), max(LENGTHS_K), deterministic)
+    capture_and_compare(step, varlen_inputs, mode, exact_grads=deterministic)
+
+
+def test_graph_varlen_without_maxima_is_refused_clearly():
+    q, k, v, _, _ = varlen_inputs(torch.Generator(device="cuda").manual_seed(1))
+    cu_q, cu_k = offsets(LENGTHS_Q), offsets(LENGTHS_K)
+    flash_attn_varlen_func(q, k, v, cu_q, cu_k)  # eager: fine
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="max_seqlen_q and max_seqlen_k"):
+        with torch.cuda.graph(graph):
+            flash_attn_varlen_func(q, k, v, cu_q, cu_k)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_on_the_gpu(mode):
+    torch._dynamo.reset()
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    inputs = fixed_inputs(gen)
+
+    def step(q, k, v, dout, dlse):
+        out, lse = flash_attn_func(q, k, v, causal=True, window_size=(256, None))
+        loss = (out.float() * dout.float()).sum() + (lse * dlse).sum()
+        return (out, lse, *torch.autograd.grad(loss, (q, k, v)))
+
+    compiled = torch.compile(step, mode=mode, fullgraph=False)
+    for _ in range(3):  # reduce-overhead records its graph on a later call
+        leaves = [t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)]
+        got = [t.clone() for t in compiled(*leaves)]
+    want = step(*(t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, msg=name)
