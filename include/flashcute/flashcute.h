@@ -101,7 +101,8 @@ typedef struct flashcute_fwd_params {
      seqlen_q/k and the sequences' lengths, else an OR of flashcute_varlen_flag bits; no host synchronisation. */
   int32_t* varlen_status;
 
-  void* workspace; /* device memory of at least flashcute_fwd_workspace_size bytes (may be NULL if 0) */
+  void* workspace; /* device memory of at least flashcute_fwd_workspace_size bytes (may be NULL if 0; varlen calls
+                      need some: the clamped per-sequence table) */
   size_t workspace_size;
 } flashcute_fwd_params;
 

@@ -10,7 +10,7 @@
 #include "api/guarded.h"
 #include "api/status.h"
 #include "api/validate.h"
-#include "api/varlen_check.h"
+#include "api/varlen_prepare.h"
 #include "api/workspace.h"
 #include "arch/dispatch.h"
 #include "common/kernel_params.h"
@@ -55,11 +55,7 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   k.causal = p.causal != 0;
   k.window_left = p.window_left;
   k.window_right = p.window_right;
-  k.cu_seqlens_q = p.cu_seqlens_q;
-  k.cu_seqlens_k = p.cu_seqlens_k;
-  k.seqused_k = p.seqused_k;
-  k.total_q = p.cu_seqlens_q ? (int)p.total_q : 0;
-  k.total_k = p.cu_seqlens_k ? (int)p.total_k : 0;
+  k.seq_spans = nullptr;  // varlen: set to the prepare pass's table
   return k;
 }
 
@@ -93,6 +89,9 @@ flashcute_status_t not_built(KernelConfig const& cfg) {
                                              kernel_subset() + "): rebuild with -DFLASHCUTE_KERNELS=all");
 }
 
+// The varlen prepare pass's table, at the start of either direction's workspace.
+size_t span_bytes(flashcute_fwd_params const& p) { return p.cu_seqlens_q ? seq_spans_bytes(p.batch) : 0; }
+
 BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig const& cfg) {
   auto const& p = params.fwd;
   bool const deterministic = params.deterministic != 0;
@@ -100,7 +99,7 @@ BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig cons
   int64_t const columns = p.batch * (deterministic && p.nheads != p.nheads_kv ? p.nheads_kv : p.nheads);
   return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_n,
                             deterministic, (int)(columns < (1 << 30) ? columns : (1 << 30)),
-                            deterministic ? current_sm_count() : 1);
+                            deterministic ? current_sm_count() : 1, span_bytes(p));
 }
 
 // The device-side pointers a varlen call reads or writes besides the tensors.
@@ -111,10 +110,23 @@ flashcute_status_t check_varlen_pointers(flashcute_fwd_params const& p) {
                                 {p.varlen_status, "varlen_status"}});
 }
 
-// varlen_status, when asked for, is written on every varlen call, also one with nothing to compute.
-flashcute_status_t report_varlen(flashcute_fwd_params const& p, void* stream) {
-  if (!p.varlen_status) return FLASHCUTE_SUCCESS;
-  return launch_status(launch_varlen_check(kernel_params(p), p.varlen_status, stream), "varlen_check", 0);
+flashcute_status_t check_workspace(void const* workspace, size_t given, size_t needed) {
+  if (needed && (!workspace || given < needed))
+    return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be at least " + std::to_string(needed) +
+                                               " bytes (see the workspace_size functions), got " +
+                                               std::to_string(workspace ? given : 0));
+  return FLASHCUTE_SUCCESS;
+}
+
+// Varlen: the clamped sequence table the kernels read (and varlen_status, when asked for), built on the stream
+// from the caller's offsets; every varlen call runs it, also one with nothing else to compute.
+flashcute_status_t prepare_varlen(flashcute_fwd_params const& p, void* workspace, FwdKernelParams& k, void* stream) {
+  if (!p.cu_seqlens_q) return FLASHCUTE_SUCCESS;
+  VarlenOffsets const v{p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, (int)p.batch, (int)p.total_q, (int)p.total_k,
+                        (int)p.seqlen_q, (int)p.seqlen_k};
+  auto* spans = static_cast<SeqSpan*>(workspace);
+  k.seq_spans = spans;
+  return launch_status(launch_varlen_prepare(v, spans, p.varlen_status, stream), "varlen_prepare", 0);
 }
 
 }  // namespace
@@ -157,7 +169,9 @@ flashcute_status_t flashcute_fwd_workspace_size(flashcute_fwd_params const* para
     *bytes = 0;
     if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
     auto const p = normalized(*params);
-    return validate_fwd(&p, Target::kDevice);
+    if (auto s = validate_fwd(&p, Target::kDevice)) return s;
+    *bytes = span_bytes(p);
+    return FLASHCUTE_SUCCESS;
   });
 }
 
@@ -168,6 +182,7 @@ flashcute_status_t flashcute_bwd_workspace_size(flashcute_bwd_params const* para
     if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
     auto const bp = normalized(*params);
     if (auto s = validate_bwd(&bp, Target::kDevice)) return s;
+    *bytes = span_bytes(bp.fwd);
     if (!bwd_has_work(bp.fwd)) return FLASHCUTE_SUCCESS;
     KernelConfig const* cfg = nullptr;
     int device_sm = 0;
@@ -190,11 +205,13 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
                                         {p.workspace, "workspace"}}))
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
-    if (auto s = report_varlen(p, stream)) return s;
-    if (!fwd_has_work(p)) return FLASHCUTE_SUCCESS;
+    if (auto s = check_workspace(p.workspace, p.workspace_size, span_bytes(p))) return s;
     FwdLaunchFn launch = find_fwd_launcher(cfg->name);
-    if (!launch) return not_built(*cfg);
-    return launch_status(launch(kernel_params(p), stream), cfg->name, device_sm);
+    if (!launch && fwd_has_work(p)) return not_built(*cfg);
+    FwdKernelParams k = kernel_params(p);
+    if (auto s = prepare_varlen(p, p.workspace, k, stream)) return s;
+    if (!fwd_has_work(p)) return FLASHCUTE_SUCCESS;
+    return launch_status(launch(k, stream), cfg->name, device_sm);
   });
 }
 
@@ -213,17 +230,15 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
                                         {bp.dv, "dv"}, {bp.workspace, "workspace"}}))
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
-    if (auto s = report_varlen(p, stream)) return s;
-    if (!bwd_has_work(p)) return FLASHCUTE_SUCCESS;
     BwdLaunchFn launch = find_bwd_launcher(cfg->name);
-    if (!launch) return not_built(*cfg);
+    if (!launch && bwd_has_work(p)) return not_built(*cfg);
     BwdWorkspace const ws = bwd_workspace(bp, *cfg);
-    if (ws.total && (!bp.workspace || bp.workspace_size < ws.total))
-      return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be at least " + std::to_string(ws.total) +
-                                                 " bytes (see flashcute_bwd_workspace_size), got " +
-                                                 std::to_string(bp.workspace ? bp.workspace_size : 0));
+    if (auto s = check_workspace(bp.workspace, bp.workspace_size, ws.total)) return s;
+    char* base = static_cast<char*>(bp.workspace);
     BwdKernelParams k{};
     static_cast<FwdKernelParams&>(k) = kernel_params(p);
+    if (auto s = prepare_varlen(p, base + ws.seq_spans, k, stream)) return s;
+    if (!bwd_has_work(p)) return FLASHCUTE_SUCCESS;
     k.dout = bp.dout;
     k.dout_batch_stride = bp.dout_batch_stride, k.dout_row_stride = bp.dout_row_stride;
     k.dout_head_stride = bp.dout_head_stride;
@@ -235,7 +250,6 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     k.dk_head_stride = bp.dk_head_stride;
     k.dv_batch_stride = bp.dv_batch_stride, k.dv_row_stride = bp.dv_row_stride;
     k.dv_head_stride = bp.dv_head_stride;
-    char* base = static_cast<char*>(bp.workspace);
     k.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
     k.dsoftmax_sum = reinterpret_cast<float*>(base + ws.dsoftmax_sum);
     k.lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);

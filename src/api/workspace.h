@@ -34,13 +34,14 @@ struct BwdWorkspace {
   int64_t seqlen_q_rounded, seqlen_k_rounded, head_dim_rounded;
   int dq_slots;
   int64_t dq_slot_elems;  // float32 elements of one slot
-  size_t dq_accum, dsoftmax_sum, lse_log2, dk_accum, dv_accum;  // byte offsets
+  size_t seq_spans, dq_accum, dsoftmax_sum, lse_log2, dk_accum, dv_accum;  // byte offsets
   size_t total;
 
-  // Varlen sequences each get a region of the rounded maximum length, indexed by sequence number.
+  // Varlen sequences each get a region of the rounded maximum length, indexed by sequence number; span_bytes is
+  // the varlen prepare pass's table (0 for the fixed-length batch).
   static BwdWorkspace make(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads, int64_t nheads_kv,
-                           int64_t tile_head_dim, int block_n, bool deterministic, int grid_columns,
-                           int sm_count) {
+                           int64_t tile_head_dim, int block_n, bool deterministic, int grid_columns, int sm_count,
+                           size_t span_bytes) {
     auto round = [](int64_t x, int64_t a) { return (x + a - 1) / a * a; };
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     BwdWorkspace w{};
@@ -52,6 +53,8 @@ struct BwdWorkspace {
     w.dq_slots = deterministic ? choose_dq_slots(key_tiles, columns, sm_count > 0 ? sm_count : 1) : 1;
     w.dq_slot_elems = batch * nheads * w.seqlen_q_rounded * w.head_dim_rounded;
     size_t off = 0;
+    w.seq_spans = off;
+    off = align(off + span_bytes);
     w.dq_accum = off;
     off = align(off + sizeof(float) * w.dq_slots * w.dq_slot_elems);
     w.dsoftmax_sum = off;

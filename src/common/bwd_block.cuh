@@ -64,7 +64,7 @@ struct BwdBlock {
   // Every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get zeros. Recomputed where
   // needed rather than kept: held across the mainloop, it was what ptxas spilled (hd256 64x16 on sm_80).
   CUTE_DEVICE int key_rows(BwdKernelParams const& p) const {
-    return SeqInfo::key_rows(p, b);
+    return p.seq_spans ? p.seq_spans[b].key_rows : seq.seqlen_k;
   }
 
   // Flat iteration -> (query head, query tile).

@@ -8,6 +8,19 @@
 
 namespace flashcute {
 
+// One varlen sequence as the kernels see it. The prepare pass derives it from cu_seqlens_q/k and seqused_k without
+// trusting them: the rows lie inside the packed tensors (total_q / total_k) and number at most the declared maxima
+// (seqlen_q / seqlen_k), which size the grids and the backward's workspace; consistent offsets pass unchanged.
+// Reading a ready table costs the kernels no more than reading the offsets did: the clamping arithmetic inside the
+// mainloop kernels made ptxas spill (bench/RESULTS.md, seventh session).
+struct SeqSpan {
+  int q_row0;    // first packed row of the sequence's queries
+  int seqlen_q;  // its query rows
+  int k_row0;    // first packed row of its keys
+  int key_rows;  // the key rows it owns (each gets a gradient)
+  int seqlen_k;  // the keys that take part: min(seqused_k, key_rows) when seqused_k is given
+};
+
 struct FwdKernelParams {
   void const* q;
   void const* k;
@@ -22,8 +35,7 @@ struct FwdKernelParams {
   int64_t lse_batch_stride, lse_head_stride;
 
   int batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dim, head_dim_v;
-  int kv_group;          // nheads / nheads_kv
-  int total_q, total_k;  // varlen: packed rows of q/out and k/v, the bounds every sequence is clamped to
+  int kv_group;  // nheads / nheads_kv
 
   // Scores enter exp2 as s * log2(e): without softcap s = scale * qk, so the scale folds into one multiplier.
   // With softcap c, s = c * tanh(qk * scale / c): the kernel multiplies by softcap_prescale before tanh and by
@@ -35,9 +47,9 @@ struct FwdKernelParams {
   bool causal;
   long long window_left, window_right;
 
-  int const* cu_seqlens_q;
-  int const* cu_seqlens_k;
-  int const* seqused_k;
+  // Varlen: where each sequence lives, clamped from the caller's offsets by the prepare pass
+  // (src/api/varlen_prepare.cu); null for the fixed-length batch.
+  SeqSpan const* seq_spans;
 };
 
 struct BwdKernelParams : FwdKernelParams {
@@ -65,55 +77,46 @@ struct BwdKernelParams : FwdKernelParams {
 };
 
 // Per-sequence view: offsets and lengths of sequence `b`, for both the fixed-length batch and varlen.
-// Varlen offsets are clamped, never trusted: whatever cu_seqlens and seqused_k hold, a sequence stays inside the
-// packed rows (total_q / total_k) and within the declared maxima (seqlen_q / seqlen_k), which size the grids and
-// the backward's workspace. Consistent offsets pass through unchanged; the API's optional check reports the rest.
 struct SeqInfo {
   int64_t q_row0;  // first packed row of this sequence (varlen) or 0
   int64_t k_row0;
   int seqlen_q;
-  int seqlen_k;  // keys that take part: seqused_k when given
+  int seqlen_k;  // keys that take part
 
-  // Rows [row0, row0 + length) of sequence b in `total` packed rows: the start clamped into [0, total], the end
-  // into [start, total], the length to max_len.
-  FLASHCUTE_HD static int span(int const* cu, int b, int total, int max_len, int64_t& row0) {
-    int const lo = Mask::imin(Mask::imax(cu[b], 0), total);
-    int const hi = Mask::imin(Mask::imax(cu[b + 1], lo), total);
-    row0 = lo;
-    return Mask::imin(hi - lo, max_len);
+  template <class P>
+  FLASHCUTE_HD static SeqInfo make(P const& p, int b) {
+    SeqInfo s;
+    if (p.seq_spans) {
+      SeqSpan const& span = p.seq_spans[b];
+      s.q_row0 = span.q_row0, s.seqlen_q = span.seqlen_q;
+      s.k_row0 = span.k_row0, s.seqlen_k = span.seqlen_k;
+    } else {
+      s.q_row0 = s.k_row0 = 0;
+      s.seqlen_q = p.seqlen_q, s.seqlen_k = p.seqlen_k;
+    }
+    return s;
   }
 
   // Every key row sequence b owns (rows past seqused_k included, which get zero gradients).
   template <class P>
   FLASHCUTE_HD static int key_rows(P const& p, int b) {
-    int64_t row0;
-    return p.cu_seqlens_k ? span(p.cu_seqlens_k, b, p.total_k, p.seqlen_k, row0) : p.seqlen_k;
-  }
-
-  template <class P>
-  FLASHCUTE_HD static SeqInfo make(P const& p, int b) {
-    SeqInfo s;
-    s.q_row0 = s.k_row0 = 0;
-    s.seqlen_q = p.cu_seqlens_q ? span(p.cu_seqlens_q, b, p.total_q, p.seqlen_q, s.q_row0) : p.seqlen_q;
-    s.seqlen_k = p.cu_seqlens_k ? span(p.cu_seqlens_k, b, p.total_k, p.seqlen_k, s.k_row0) : p.seqlen_k;
-    if (p.seqused_k) s.seqlen_k = Mask::imin(Mask::imax(p.seqused_k[b], 0), s.seqlen_k);
-    return s;
+    return p.seq_spans ? p.seq_spans[b].key_rows : p.seqlen_k;
   }
 
   // Element offset of row 0 of this sequence for a tensor with the given batch and row strides.
   template <class P>
   FLASHCUTE_HD int64_t q_offset(P const& p, int b, int64_t batch_stride, int64_t row_stride) const {
-    return p.cu_seqlens_q ? q_row0 * row_stride : (int64_t)b * batch_stride;
+    return p.seq_spans ? q_row0 * row_stride : (int64_t)b * batch_stride;
   }
   template <class P>
   FLASHCUTE_HD int64_t k_offset(P const& p, int b, int64_t batch_stride, int64_t row_stride) const {
-    return p.cu_seqlens_k ? k_row0 * row_stride : (int64_t)b * batch_stride;
+    return p.seq_spans ? k_row0 * row_stride : (int64_t)b * batch_stride;
   }
   // lse is (B, H, Sq) for the batch and (H, total_q) for varlen.
   template <class P>
   FLASHCUTE_HD int64_t lse_offset(P const& p, int b, int h) const {
-    return p.cu_seqlens_q ? (int64_t)h * p.lse_head_stride + q_row0
-                          : (int64_t)b * p.lse_batch_stride + (int64_t)h * p.lse_head_stride;
+    return p.seq_spans ? (int64_t)h * p.lse_head_stride + q_row0
+                       : (int64_t)b * p.lse_batch_stride + (int64_t)h * p.lse_head_stride;
   }
 
   template <class P>

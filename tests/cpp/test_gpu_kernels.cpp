@@ -130,6 +130,10 @@ void run(Case const& c) {
     p.seqused_k = static_cast<int32_t const*>(used_kd.ptr);
     p.varlen_status = static_cast<int32_t*>(status.ptr);
   }
+  size_t fwd_ws = 0;
+  ASSERT_EQ(flashcute_fwd_workspace_size(&p, &fwd_ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  DeviceBuffer fwd_work(fwd_ws ? fwd_ws : 1);
+  p.workspace = fwd_work.ptr, p.workspace_size = fwd_ws;
   flashcute_status_t const st = flashcute_fwd(&p, nullptr);
   if (st == FLASHCUTE_ERROR_NOT_BUILT) GTEST_SKIP() << flashcute_last_error();
   ASSERT_EQ(st, FLASHCUTE_SUCCESS) << flashcute_last_error();
@@ -168,7 +172,7 @@ void run(Case const& c) {
 
   for (int deterministic : {0, 1}) {
     flashcute_bwd_params g = rb;
-    g.fwd = p, g.dout = dout_.ptr, g.dlse = dlse_.ptr, g.dq = dq_.ptr, g.dk = dk_.ptr, g.dv = dv_.ptr;
+    g.fwd = p, g.fwd.workspace = nullptr, g.fwd.workspace_size = 0, g.dout = dout_.ptr, g.dlse = dlse_.ptr, g.dq = dq_.ptr, g.dk = dk_.ptr, g.dv = dv_.ptr;
     g.deterministic = deterministic;
     size_t ws = 0;
     ASSERT_EQ(flashcute_bwd_workspace_size(&g, &ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
@@ -254,6 +258,11 @@ void run_adversarial(Offsets const& o, int head_dim, int deterministic) {
   p.cu_seqlens_q = static_cast<int32_t const*>(cu_q.ptr), p.cu_seqlens_k = static_cast<int32_t const*>(cu_k.ptr);
   p.seqused_k = o.used.empty() ? nullptr : static_cast<int32_t const*>(used.ptr);
   p.varlen_status = static_cast<int32_t*>(status.ptr);
+  size_t fwd_ws = 0;
+  ASSERT_EQ(flashcute_fwd_workspace_size(&p, &fwd_ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  EXPECT_GT(fwd_ws, 0u) << "varlen calls need a workspace for the sequence table";
+  Exact fwd_work(fwd_ws);
+  p.workspace = fwd_work.ptr, p.workspace_size = fwd_ws;
   flashcute_status_t const st = flashcute_fwd(&p, nullptr);
   if (st == FLASHCUTE_ERROR_NOT_BUILT) GTEST_SKIP() << flashcute_last_error();
   ASSERT_EQ(st, FLASHCUTE_SUCCESS) << o.what << ": " << flashcute_last_error();
@@ -264,7 +273,7 @@ void run_adversarial(Offsets const& o, int head_dim, int deterministic) {
 
   flashcute_bwd_params b;
   flashcute_bwd_params_init(&b);
-  b.fwd = p, b.dout = dout.ptr, b.dlse = dlse.ptr, b.dq = dq.ptr, b.dk = dk.ptr, b.dv = dv.ptr;
+  b.fwd = p, b.fwd.workspace = nullptr, b.fwd.workspace_size = 0, b.dout = dout.ptr, b.dlse = dlse.ptr, b.dq = dq.ptr, b.dk = dk.ptr, b.dv = dv.ptr;
   b.dout_row_stride = b.dq_row_stride = p.q_row_stride, b.dout_head_stride = b.dq_head_stride = p.q_head_stride;
   b.dk_row_stride = b.dv_row_stride = p.k_row_stride, b.dk_head_stride = b.dv_head_stride = p.k_head_stride;
   b.deterministic = deterministic;
@@ -354,4 +363,48 @@ TEST(GpuKernelsEmpty, EmptyBatchesAndSequences) {
     }
     for (void* ptr : {q, k, v, out, lse, dq, dk, dv, dout, work}) cudaFree(ptr);
   }
+}
+
+// Host memory where the GPU path reads or writes device memory is refused, naming the argument.
+TEST(GpuKernelsVarlen, HostPointersAreRefused) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<Offsets> const one = {{"consistent", {0, 30, 60, 60, 100}, {0, 40, 100, 120, 150}, {40, 10, 20, 30}, 0}};
+  int const h = 4, hkv = 2, d = 64;
+  Exact q(100 * h * d * 2), k(150 * hkv * d * 2), v(150 * hkv * d * 2), out(100 * h * d * 2), lse(100 * h * 4);
+  Exact cu_q(5 * 4), cu_k(5 * 4), status(4);
+  cudaMemcpy(cu_q.ptr, one[0].cu_q.data(), 20, cudaMemcpyHostToDevice);
+  cudaMemcpy(cu_k.ptr, one[0].cu_k.data(), 20, cudaMemcpyHostToDevice);
+  std::vector<int32_t> host_offsets = one[0].cu_q, host_used = one[0].used;
+  int32_t host_status = 0;
+  auto params = [&] {
+    flashcute_fwd_params p;
+    flashcute_fwd_params_init(&p);
+    p.batch = 4, p.seqlen_q = 64, p.seqlen_k = 80, p.nheads = h, p.nheads_kv = hkv, p.head_dim = p.head_dim_v = d;
+    p.softmax_scale = 0.125f, p.total_q = 100, p.total_k = 150;
+    flashcute_fwd_params_set_contiguous_strides(&p);
+    p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.out = out.ptr, p.lse = lse.ptr;
+    p.cu_seqlens_q = static_cast<int32_t const*>(cu_q.ptr), p.cu_seqlens_k = static_cast<int32_t const*>(cu_k.ptr);
+    return p;
+  };
+  flashcute_fwd_params p = params();
+  p.cu_seqlens_q = host_offsets.data();
+  EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("cu_seqlens_q is"), std::string::npos) << flashcute_last_error();
+  p = params(), p.seqused_k = host_used.data();
+  EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("seqused_k is"), std::string::npos) << flashcute_last_error();
+  p = params(), p.varlen_status = &host_status;
+  EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("varlen_status is"), std::string::npos) << flashcute_last_error();
+  p = params(), p.workspace = host_offsets.data();
+  EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("workspace is"), std::string::npos) << flashcute_last_error();
+  p = params();
+  EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_ERROR_WORKSPACE) << "varlen needs the sequence table's workspace";
+  size_t bytes = 0;
+  ASSERT_EQ(flashcute_fwd_workspace_size(&p, &bytes), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  Exact work(bytes);
+  p.workspace = work.ptr, p.workspace_size = bytes;
+  EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
