@@ -204,6 +204,11 @@ flashcute_status_t check_host_offsets(flashcute_fwd_params const& p) {
   return FLASHCUTE_SUCCESS;
 }
 
+// A dimension of one element (or none) addresses nothing with its stride.
+void ignore(int64_t size, int64_t& stride) {
+  if (size <= 1) stride = 0;
+}
+
 }  // namespace
 
 flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target) {
@@ -261,9 +266,6 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
 
 flashcute_fwd_params normalized(flashcute_fwd_params const& in) {
   flashcute_fwd_params p = in;
-  auto ignore = [](int64_t size, int64_t& stride) {
-    if (size <= 1) stride = 0;
-  };
   int64_t const b = batch_dim(p), rq = rows_q(p), rk = rows_k(p);
   for (int64_t* s : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.out_batch_stride,
                      &p.lse_batch_stride})
@@ -279,9 +281,6 @@ flashcute_bwd_params normalized(flashcute_bwd_params const& in) {
   flashcute_bwd_params p = in;
   p.fwd = normalized(in.fwd);
   auto const& f = p.fwd;
-  auto ignore = [](int64_t size, int64_t& stride) {
-    if (size <= 1) stride = 0;
-  };
   int64_t const b = batch_dim(f), rq = rows_q(f), rk = rows_k(f);
   for (int64_t* s : {&p.dout_batch_stride, &p.dq_batch_stride, &p.dk_batch_stride, &p.dv_batch_stride}) ignore(b, *s);
   ignore(rq, p.dout_row_stride), ignore(rq, p.dq_row_stride);

@@ -178,9 +178,9 @@ TEST(Workspace, DeterministicSlotsFillWholeWaves) {
       int const s = BwdWorkspace::choose_dq_slots(tiles, columns, 108);
       EXPECT_TRUE(s >= 1 && s <= tiles && s <= BwdWorkspace::kMaxDqSlots) << tiles << " tiles, " << columns;
     }
-  BwdWorkspace const plain = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, false, 16, 132);
+  BwdWorkspace const plain = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, false, 16, 132, 0);
   EXPECT_EQ(plain.dq_slots, 1);
-  BwdWorkspace const det = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, true, 4, 132);
+  BwdWorkspace const det = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, true, 4, 132, 0);
   EXPECT_EQ(det.dq_slots, 8);  // 8 key tiles, 4 columns
   EXPECT_GE(det.total - plain.total, size_t(7) * det.dq_slot_elems * sizeof(float));
 }

@@ -120,3 +120,26 @@ def test_compile_on_the_gpu(mode):
     want = step(*(t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_graph_backward_alone():
+    # The forward runs eagerly, on the stream the graph then captures on (autograd runs each backward op on its
+    # forward's stream, so a forward on another stream could not be captured by any library); only the backward
+    # is captured, then replayed for new cotangents.
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, dout, dlse = fixed_inputs(gen)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out, lse = flash_attn_func(*leaves, causal=True, deterministic=True)
+        torch.autograd.grad((out, lse), leaves, (dout, dlse), retain_graph=True)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        grads = torch.autograd.grad((out, lse), leaves, (dout, dlse), retain_graph=True)
+    dout.copy_(torch.randn(dout.shape, device="cuda", dtype=dout.dtype, generator=gen))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.autograd.grad((out, lse), leaves, (dout, dlse), retain_graph=True)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, want):
+        assert torch.equal(a, b), f"{name} differs from eager"
