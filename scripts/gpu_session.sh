@@ -17,6 +17,7 @@ out="${OUT:-/tmp/flashcute-out}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 start=$(date +%s)
+[ -n "${PREBUILT:-}" ] && export LD_LIBRARY_PATH="$root/$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ -n "${PREBUILT:-}" ] && "$root/$PREBUILT/tests/cpp/test_dispatch" --gtest_brief=1 > /dev/null 2>&1; then
   dir="$root/$PREBUILT"
   echo "prebuilt: $dir"

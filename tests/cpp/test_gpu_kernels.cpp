@@ -247,6 +247,7 @@ void run_adversarial(Offsets const& o, int head_dim, int deterministic) {
   p.head_dim = p.head_dim_v = head_dim, p.softmax_scale = 0.125f, p.causal = 1;
   p.total_q = total_q, p.total_k = total_k;
   flashcute_fwd_params_set_contiguous_strides(&p);
+  p.lse_head_stride = total_q;  // lse is (H, total_q)
   size_t const nq = (size_t)total_q * h * head_dim, nk = (size_t)total_k * hkv * head_dim, nl = (size_t)total_q * h;
   Exact q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(nl * 4), dout(nq * 2), dlse(nl * 4);
   Exact dq(nq * 2), dk(nk * 2), dv(nk * 2), cu_q(o.cu_q.size() * 4), cu_k(o.cu_k.size() * 4), status(4);
@@ -382,6 +383,7 @@ TEST(GpuKernelsVarlen, HostPointersAreRefused) {
     p.batch = 4, p.seqlen_q = 64, p.seqlen_k = 80, p.nheads = h, p.nheads_kv = hkv, p.head_dim = p.head_dim_v = d;
     p.softmax_scale = 0.125f, p.total_q = 100, p.total_k = 150;
     flashcute_fwd_params_set_contiguous_strides(&p);
+    p.lse_head_stride = 100;  // lse is (H, total_q)
     p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.out = out.ptr, p.lse = lse.ptr;
     p.cu_seqlens_q = static_cast<int32_t const*>(cu_q.ptr), p.cu_seqlens_k = static_cast<int32_t const*>(cu_k.ptr);
     return p;

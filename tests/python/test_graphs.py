@@ -73,7 +73,9 @@ def capture_and_compare(step, make_inputs, mode, exact_grads):
         eager = step(*(t.detach().clone().requires_grad_(i < 3) for i, t in enumerate(static)))
         torch.cuda.synchronize()
         for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), results, eager):
-            if name == "dq" and not exact_grads:  # float atomics: the order of additions varies run to run
+            # The default backward adds dq (and GQA's dk, dv) with float atomics, in an order that varies between
+            # runs, eager or replayed; deterministic mode fixes it.
+            if name.startswith("d") and not exact_grads:
                 torch.testing.assert_close(got, want, msg=f"replay {trial}: {name}")
             else:
                 assert torch.equal(got, want), f"replay {trial}: {name} differs from eager"
