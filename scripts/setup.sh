@@ -9,6 +9,7 @@ python3 -c "import numpy" 2>/dev/null || missing+=(numpy)
 python3 -c "import pytest" 2>/dev/null || missing+=(pytest)
 python3 -c "import matplotlib" 2>/dev/null || missing+=(matplotlib)
 python3 -c "import torch" 2>/dev/null || missing+=("torch>=2.4")
+python3 -c "import scikit_build_core" 2>/dev/null || missing+=("scikit-build-core>=0.10")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "flashcute setup: installing ${missing[*]} (torch is several GB; once per machine)"
   python3 -m pip install --quiet "${missing[@]}"

@@ -9,5 +9,16 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then mode=
 dir="$(bash "$root/scripts/build.sh" "$mode" | tail -n1)"
 export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so"
 (cd "$dir" && ctest --output-on-failure -j "$(nproc)")
+# Packaging: the CMake package (cmake --install, find_package(flashcute)) with the C example linked against it, and
+# `pip install .` offline (--no-build-isolation; the kernels are left out, the packaging is what is tested here).
+pkg="$(mktemp -d)"
+trap 'rm -rf "$pkg"' EXIT
+cmake --install "$dir" --prefix "$pkg/install" > /dev/null
+cmake -S "$root/examples/c_api" -B "$pkg/example" -DCMAKE_PREFIX_PATH="$pkg/install" > /dev/null
+cmake --build "$pkg/example" > /dev/null
+"$pkg/example/flashcute_c_example"
+FLASHCUTE_KERNELS=none python3 -m pip install --quiet --no-build-isolation --no-deps --target "$pkg/site" "$root" \
+  2> >(grep -v "Running pip as the 'root' user" >&2)
+(cd "$pkg" && PYTHONPATH="$pkg/site" python3 -m flashcute.info)
 cd "$root"
 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q tests/python "$@"
