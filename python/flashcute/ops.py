@@ -217,10 +217,6 @@ def _f64(t):
     return wide if t.dim() == 0 or wide.stride(-1) == 1 or wide.shape[-1] <= 1 else wide.contiguous()
 
 
-def _empty_f64(t):
-    return torch.empty(t.shape, dtype=torch.float64)
-
-
 _FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, int window_right, "
                "float softcap, bool deterministic=False) -> (Tensor out, Tensor lse)")
 _BWD_SCHEMA = ("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, "
@@ -278,7 +274,7 @@ def bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, o
     q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
     lse64 = lse64.contiguous()
     dlse64 = None if dlse64 is None else dlse64.contiguous()
-    dq, dk, dv = (_empty_f64(t) for t in (q, k, v))
+    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float64) for t in (q, k, v))
     fwd_p = _fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, *args)
     p = _bwd_params(fwd_p, dout64, dlse64, dq, dk, dv, deterministic)
     _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))

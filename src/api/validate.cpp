@@ -177,15 +177,15 @@ flashcute_status_t check_host_offsets(flashcute_fwd_params const& p) {
     char const* name;
     int32_t const* cu;
     int64_t total, max_len;
-    char const* max_name;
-  } const sides[] = {{"cu_seqlens_q", p.cu_seqlens_q, p.total_q, p.seqlen_q, "seqlen_q"},
-                     {"cu_seqlens_k", p.cu_seqlens_k, p.total_k, p.seqlen_k, "seqlen_k"}};
+    char const *total_name, *max_name;
+  } const sides[] = {{"cu_seqlens_q", p.cu_seqlens_q, p.total_q, p.seqlen_q, "total_q", "seqlen_q"},
+                     {"cu_seqlens_k", p.cu_seqlens_k, p.total_k, p.seqlen_k, "total_k", "seqlen_k"}};
   for (auto const& s : sides) {
     for (int64_t b = 0; b <= p.batch; ++b) {
       int64_t const x = s.cu[b];
       if (x < 0 || x > s.total)
         return bad(std::string(s.name) + "[" + str(b) + "] = " + str(x) + " lies outside the " + str(s.total) +
-                   " packed rows (total_" + (s.cu == p.cu_seqlens_q ? "q" : "k") + ")");
+                   " packed rows (" + s.total_name + ")");
       if (b > 0 && x < s.cu[b - 1])
         return bad(std::string(s.name) + " must never decrease (entry " + str(b) + " is " + str(x) + " after " +
                    str(s.cu[b - 1]) + ")");
