@@ -4,10 +4,10 @@ import numbers
 from ._capi import FlashCuteError, build_info, version
 
 try:
-    import torch
+    import torch as _torch
 except ModuleNotFoundError:  # the ctypes layer and `python -m flashcute.info` work without torch
-    torch = None
-else:
+    _torch = None
+else:  # (as _torch: the name flashcute.torch belongs to the PyTorch provider submodule)
     from . import ops as _ops
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "version", "build_info", "FlashCuteError"]
@@ -33,7 +33,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
     Differentiable through both out and lse. Empty inputs (B = 0, Sq = 0) give empty outputs; Sk = 0 gives
     rows that see no key (out 0, lse -inf).
     """
-    if torch is None:
+    if _torch is None:
         raise ModuleNotFoundError("flash_attn_func needs torch")
     return _ops.fwd(q, k, v, *_arguments(q, softmax_scale, causal, window_size, softcap, deterministic))
 
@@ -55,7 +55,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=No
     copy per call, not allowed under graph capture), checked against the tensors (ValueError), and their maxima
     taken.
     """
-    if torch is None:
+    if _torch is None:
         raise ModuleNotFoundError("flash_attn_varlen_func needs torch")
     if (max_seqlen_q is None) != (max_seqlen_k is None):
         raise ValueError("max_seqlen_q and max_seqlen_k must be given together")

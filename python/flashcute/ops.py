@@ -204,6 +204,37 @@ def _launch_cuda(run, workspace_size, p, device):
         _capi.check(run(ctypes.byref(p), ctypes.c_void_p(stream)))
 
 
+def run_forward(q, k, v, out, lse, args, varlen=None):
+    """Launches the forward on the current stream into out and lse, which the caller allocated (any strides the
+    kernels take: _kernel_ready's). Fixed length: q, k, v, out (B, S, H, D), lse (B, H, S). varlen: (cu_seqlens_q,
+    cu_seqlens_k, seqused_k, max_q, max_k) with q, k, v, out (total, H, D) and lse (H, total). args: (scale, causal,
+    window_left, window_right, softcap). The one launch path of the CUDA ops and of flashcute.torch."""
+    q, k, v = (_kernel_ready(t) for t in (q, k, v))
+    dtype = _CUDA_DTYPES[q.dtype]
+    if varlen is None:
+        p = _fwd_params(q, k, v, out, lse, dtype, *args)
+    else:
+        p = _varlen_fwd_params(q, k, v, out, lse, dtype, args, *varlen)
+    lib = _capi.lib()
+    _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
+
+
+def run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, varlen=None):
+    """Launches the backward on the current stream into dq, dk, dv (laid out like q, k, v; see run_forward);
+    dlse may be None."""
+    q, k, v, out, dout = (_kernel_ready(t) for t in (q, k, v, out, dout))
+    lse = lse.contiguous()  # dlse has no strides of its own: it shares lse's (contiguous) layout
+    dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
+    dtype = _CUDA_DTYPES[q.dtype]
+    if varlen is None:
+        p = _bwd_params(_fwd_params(q, k, v, out, lse, dtype, *args), dout, dlse, dq, dk, dv, deterministic)
+    else:
+        fwd_p = _varlen_fwd_params(q, k, v, out, lse, dtype, args, *varlen)
+        p = _bwd_params(fwd_p, dout[None], dlse, dq[None], dk[None], dv[None], deterministic)
+    lib = _capi.lib()
+    _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
+
+
 def _f64(t):
     """A float64 copy for the host reference, without materialising expanded (stride-0) dimensions: a huge
     broadcast view stays as small as its data."""
@@ -232,12 +263,9 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, win
     args = (softmax_scale, causal, window_left, window_right, softcap)
     batch, seqlen_q, nheads, _ = q.shape
     if q.device.type == "cuda":
-        q, k, v = (_kernel_ready(t) for t in (q, k, v))
         out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))
         lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
-        lib = _capi.lib()
-        p = _fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], *args)
-        _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
+        run_forward(q, k, v, out, lse, args)
         return out, lse
     q64, k64, v64 = (_f64(t) for t in (q, k, v))
     out = torch.empty((batch, seqlen_q, nheads, v.shape[3]), dtype=torch.float64)
@@ -262,14 +290,8 @@ def bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, o
     _check_bwd(dout, dlse, q, k, v, out, lse)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
-        q, k, v, out, dout = (_kernel_ready(t) for t in (q, k, v, out, dout))
-        lse = lse.contiguous()  # dlse has no strides of its own: it shares lse's (contiguous) layout
-        dlse = None if dlse is None else dlse.contiguous()
         dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-        lib = _capi.lib()
-        p = _bwd_params(_fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], *args), dout, dlse, dq, dk, dv,
-                        deterministic)
-        _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
+        run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic)
         return dq, dk, dv
     q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
     lse64 = lse64.contiguous()
@@ -401,12 +423,9 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     total_q, nheads, _ = q.shape
     # Rows that belong to no sequence (past cu_seqlens_q[-1]) are defined: out 0, lse -inf.
     if q.device.type == "cuda":
-        q, k, v = (_kernel_ready(t) for t in (q, k, v))
         out = q.new_zeros((total_q, nheads, v.shape[2]))
         lse = q.new_full((nheads, total_q), float("-inf"), dtype=torch.float32)
-        lib = _capi.lib()
-        p = _varlen_fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], args, *seqs, max_q, max_k)
-        _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
+        run_forward(q, k, v, out, lse, args, (*seqs, max_q, max_k))
         return out, lse
     q64, k64, v64 = (_f64(t) for t in (q, k, v))
     out = torch.zeros((total_q, nheads, v.shape[2]), dtype=torch.float64)
@@ -443,14 +462,8 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
     seqs = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None if seqused_k is None else seqused_k.contiguous())
     # Rows that belong to no sequence get zero gradients.
     if q.device.type == "cuda":
-        q, k, v, out, dout = (_kernel_ready(t) for t in (q, k, v, out, dout))
-        lse = lse.contiguous()
-        dlse = None if dlse is None else dlse.contiguous()
         dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-        lib = _capi.lib()
-        fwd_p = _varlen_fwd_params(q, k, v, out, lse, _CUDA_DTYPES[q.dtype], args, *seqs, max_q, max_k)
-        p = _bwd_params(fwd_p, dout[None], dlse, dq[None], dk[None], dv[None], deterministic)
-        _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
+        run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, (*seqs, max_q, max_k))
         return dq, dk, dv
     q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
     lse64 = lse64.contiguous()
