@@ -19,6 +19,9 @@ cmake --build "$pkg/example" > /dev/null
 "$pkg/example/flashcute_c_example"
 FLASHCUTE_KERNELS=none python3 -m pip install --quiet --no-build-isolation --no-deps --target "$pkg/site" "$root" \
   2> >(grep -v "Running pip as the 'root' user" >&2)
-(cd "$pkg" && PYTHONPATH="$pkg/site" python3 -m flashcute.info)
+(cd "$pkg" && env -u FLASHCUTE_LIBRARY PYTHONPATH="$pkg/site" python3 -c "from flashcute import _capi
+path = _capi.library_path()
+assert path and path.startswith('$pkg/site/'), f'the installed package loads {path}'
+print('pip-installed package:', path, '|', _capi.build_info())")
 cd "$root"
 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q tests/python "$@"
