@@ -78,8 +78,23 @@ def reference_grads(q, k, v, dout, dlse, scale, causal, window, softcap, dtype):
     return (out, lse, *backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtype))
 
 
-def split(t, cu, batch_dim):
-    return [t.narrow(batch_dim, cu[b], cu[b + 1] - cu[b]) for b in range(len(cu) - 1)]
+def packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, scale, c, dtype):
+    """reference_grads in dtype, sequence by sequence, packed like varlen's outputs; rows of no sequence, and
+    sequences without keys, keep out 0, lse -inf and zero gradients."""
+    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.zeros(*q.shape[:2], v.shape[2], dtype=dtype, device="cuda")
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=lse_dtype, device="cuda")
+    dq, dk, dv = (torch.zeros(t.shape, dtype=dtype, device="cuda") for t in (q, k, v))
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0 = cu_q[b], cu_q[b + 1], cu_k[b]
+        k1 = cu_k[b + 1] if used is None else k0 + used[b]
+        if q1 == q0 or k1 == k0:
+            continue
+        seq = [t.to(dtype)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1], dout[q0:q1])]
+        dls = None if dlse is None else dlse[:, q0:q1].to(lse_dtype)[None]
+        r = reference_grads(*seq, dls, scale, c["causal"], c["window"], c["softcap"], dtype)
+        out[q0:q1], lse[:, q0:q1], dq[q0:q1], dk[k0:k1], dv[k0:k1] = (x[0] for x in r)
+    return out, lse, dq, dk, dv
 
 
 def run(c, seed):
@@ -131,29 +146,8 @@ def run(c, seed):
                               scale, c["causal"], window, c["softcap"], torch.float64)
         base = reference_grads(q, k, v, dout, dlse, scale, c["causal"], window, c["softcap"], dtype)
     else:
-        ref, base = [], []
-        for t64 in (True, False):
-            o = torch.zeros(tq, h, dv, dtype=torch.float64 if t64 else dtype, device="cuda")
-            l_ = torch.full((h, tq), -math.inf, dtype=torch.float64 if t64 else torch.float32, device="cuda")
-            gq = torch.zeros(tq, h, d, dtype=o.dtype, device="cuda")
-            gk = torch.zeros(tk, hkv, d, dtype=o.dtype, device="cuda")
-            gv = torch.zeros(tk, hkv, dv, dtype=o.dtype, device="cuda")
-            for bi in range(len(cu_q) - 1):
-                q0, q1, k0, k1 = cu_q[bi], cu_q[bi + 1], cu_k[bi], cu_k[bi + 1]
-                ku = k1 if used is None else k0 + used[bi]
-                if q1 == q0:
-                    continue
-                conv = (lambda t: t.double()) if t64 else (lambda t: t)
-                qs, ks, vs = (conv(t)[None] for t in (q[q0:q1], k[k0:ku], v[k0:ku]))
-                dos = conv(dout[q0:q1])[None]
-                dls = None if dlse is None else conv(dlse[:, q0:q1])[None]
-                if ku == k0:  # no keys at all: out 0, lse -inf, no gradient
-                    continue
-                r = reference_grads(qs, ks, vs, dos, dls, scale, c["causal"], window, c["softcap"],
-                                    torch.float64 if t64 else dtype)
-                o[q0:q1], l_[:, q0:q1], gq[q0:q1] = r[0][0], r[1][0], r[2][0]
-                gk[k0:ku], gv[k0:ku] = r[3][0], r[4][0]
-            (ref if t64 else base).extend([o, l_, gq, gk, gv])
+        ref = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, scale, c, torch.float64)
+        base = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, scale, c, dtype)
     # One ulp of the output dtype on top of the rule: with few elements (one query row, head_dim_v 8) the baseline's
     # largest error can fall just short of a rounding boundary that ours crosses (bench/RESULTS.md, seventh session).
     for name, a, r, bse, atol in zip(("out", "lse", "dq", "dk", "dv"), ours, ref, base, (1e-5, 1e-5, 1e-4, 1e-4, 1e-4)):
