@@ -28,7 +28,7 @@ struct Sequence {
   int64_t batch = 0;   // multiplies the batch strides
   int64_t q_row0 = 0;  // first row of the sequence in q/out/dout/dq
   int64_t k_row0 = 0;  // first row of the sequence in k/v/dk/dv
-  int sq = 0;          // query rows
+  int sq = 0;          // query rows (seqused_q when given; the rows past it are left alone)
   int sk = 0;          // keys that take part (seqused_k when given)
   int sk_rows = 0;     // key rows the sequence owns; rows in [sk, sk_rows) get zero gradients
   int64_t lse0 = 0;    // offset of element (head 0, row 0) in lse/dlse
@@ -45,7 +45,7 @@ Sequence sequence(flashcute_fwd_params const& p, int64_t b) {
   }
   s.q_row0 = p.cu_seqlens_q[b];
   s.k_row0 = p.cu_seqlens_k[b];
-  s.sq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+  s.sq = p.seqused_q != nullptr ? p.seqused_q[b] : p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
   s.sk_rows = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
   s.sk = p.seqused_k != nullptr ? p.seqused_k[b] : s.sk_rows;
   // lse is (nheads, total_q) in varlen mode: the packed row index is the column.

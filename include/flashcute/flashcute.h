@@ -18,7 +18,7 @@
  * packed along the row dimension (total_q / total_k rows), batch strides are ignored, seqlen_q/seqlen_k are the
  * maximum lengths and lse is (nheads, total_q) with lse_head_stride. The kernels never trust the offsets: sequence
  * b is clamped to rows [clamp(cu[b], 0, total), clamp(cu[b+1], start, total)), at most seqlen_q / seqlen_k of
- * them, and seqused_k[b] to [0, its key rows], so no content of the offset arrays makes them access memory outside
+ * them, and seqused_k[b] / seqused_q[b] to [0, its rows], so no content of the offset arrays makes them access memory outside
  * the tensors. Consistent offsets are unchanged by this; varlen_status reports the others. Rows that belong to no
  * sequence (before cu[0], after cu[batch]) are not written. The host reference refuses inconsistent offsets.
  * Visibility (bottom-right aligned): key j is visible to query i iff
@@ -57,7 +57,8 @@ typedef enum flashcute_varlen_flag {
   FLASHCUTE_VARLEN_BAD_CU_SEQLENS_K = 2, /* an offset outside [0, total_k], or decreasing */
   FLASHCUTE_VARLEN_SEQLEN_Q = 4,         /* a sequence longer than seqlen_q */
   FLASHCUTE_VARLEN_SEQLEN_K = 8,         /* a sequence longer than seqlen_k */
-  FLASHCUTE_VARLEN_SEQUSED_K = 16        /* a seqused_k entry outside [0, the sequence's key rows] */
+  FLASHCUTE_VARLEN_SEQUSED_K = 16,       /* a seqused_k entry outside [0, the sequence's key rows] */
+  FLASHCUTE_VARLEN_SEQUSED_Q = 32        /* a seqused_q entry outside [0, the sequence's query rows] */
 } flashcute_varlen_flag_t;
 
 typedef enum flashcute_dtype {
@@ -95,6 +96,8 @@ typedef struct flashcute_fwd_params {
   const int32_t* cu_seqlens_q; /* batch + 1 offsets into the packed rows of q/out */
   const int32_t* cu_seqlens_k; /* batch + 1 offsets into the packed rows of k/v */
   const int32_t* seqused_k;    /* batch entries: keys actually used per sequence (<= its length) */
+  const int32_t* seqused_q;    /* batch entries: query rows actually used per sequence (<= its length); the mask
+                                  aligns to them, and the rows past them are padding (not written) */
   int64_t total_q;             /* varlen: packed rows of q and out (required there; init sets -1, unset) */
   int64_t total_k;             /* varlen: packed rows of k and v (likewise) */
   /* Optional device int32 (varlen only): the call also writes there 0 when the offsets agree with total_q/k,

@@ -40,12 +40,13 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
                            window_size=(None, None), softcap=0.0, deterministic=False, seqused_k=None,
-                           max_seqlen_q=None, max_seqlen_k=None):
+                           max_seqlen_q=None, max_seqlen_k=None, seqused_q=None):
     """Attention over sequences packed along the rows: q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
 
     cu_seqlens_q / cu_seqlens_k are int32 (batch + 1) offsets of each sequence's first row (sequence b is rows
-    cu[b] .. cu[b + 1]); seqused_k (int32, batch), if given, limits sequence b to its first seqused_k[b] keys.
-    Returns out (total_q, H, Dv) and lse (H, total_q), differentiable through both; rows past cu_seqlens_q[-1]
+    cu[b] .. cu[b + 1]); seqused_k (int32, batch), if given, limits sequence b to its first seqused_k[b] keys, and
+    seqused_q to its first seqused_q[b] queries (the causal diagonal aligns to them; the rest are padding).
+    Returns out (total_q, H, Dv) and lse (H, total_q), differentiable through both; rows past cu_seqlens_q[-1] or seqused_q
     (padding) get out 0, lse -inf and zero gradients. Masks and the other arguments are those of flash_attn_func,
     applied per sequence.
 
@@ -66,5 +67,5 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=No
         maxima.append(-1 if value is None else int(value))
     scale, causal, left, right, softcap, deterministic = _arguments(q, softmax_scale, causal, window_size, softcap,
                                                                     deterministic)
-    return _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *maxima, scale, causal, left, right,
+    return _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, *maxima, scale, causal, left, right,
                            softcap, deterministic)

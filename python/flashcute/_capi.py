@@ -40,7 +40,7 @@ class FwdParams(ctypes.Structure):
         ("softmax_scale", c_float), ("softcap", c_float), ("causal", c_int),
         ("window_left", c_int64), ("window_right", c_int64),
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p), ("seqused_k", c_void_p),
-        ("total_q", c_int64), ("total_k", c_int64), ("varlen_status", c_void_p),
+        ("seqused_q", c_void_p), ("total_q", c_int64), ("total_k", c_int64), ("varlen_status", c_void_p),
         ("workspace", c_void_p), ("workspace_size", c_size_t),
     ]
 

@@ -207,7 +207,7 @@ def _launch_cuda(run, workspace_size, p, device):
 def run_forward(q, k, v, out, lse, args, varlen=None):
     """Launches the forward on the current stream into out and lse, which the caller allocated (any strides the
     kernels take: _kernel_ready's). Fixed length: q, k, v, out (B, S, H, D), lse (B, H, S). varlen: (cu_seqlens_q,
-    cu_seqlens_k, seqused_k, max_q, max_k) with q, k, v, out (total, H, D) and lse (H, total). args: (scale, causal,
+    cu_seqlens_k, seqused_k, seqused_q, max_q, max_k) with q, k, v, out (total, H, D) and lse (H, total). args: (scale, causal,
     window_left, window_right, softcap). The one launch path of the CUDA ops and of flashcute.torch."""
     q, k, v = (_kernel_ready(t) for t in (q, k, v))
     dtype = _CUDA_DTYPES[q.dtype]
@@ -339,19 +339,21 @@ _register_autograd(fwd, bwd, 0)
 
 
 # Variable length: sequences packed along the rows. q (total_q, H, D), k/v (total_k, Hkv, D/Dv), int32
-# cu_seqlens_q/k (batch + 1 offsets), optional int32 seqused_k (batch); out (total_q, H, Dv), lse (H, total_q).
+# cu_seqlens_q/k (batch + 1 offsets), optional int32 seqused_k and seqused_q (batch); out (total_q, H, Dv), lse
+# (H, total_q).
 # The C library takes these as batch = number of sequences, seqlen = the longest one, total = the packed rows,
 # with the batch strides ignored; the packed tensors are passed as (1, total, H, D) views. max_seqlen_q/k < 0 mean
 # "not given": the offsets are then read on the host (one small copy), checked and their maxima taken. Given, no
 # host copy happens (CUDA graphs) and the kernels clamp whatever the offsets hold (C API, flashcute.h).
 
-def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k):
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-D tensor (total_tokens, nheads, head_dim) for varlen, got "
                              f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
     _check_inputs(q[None], k[None], v[None], varlen=True)
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k),
+                    ("seqused_q", seqused_q)):
         if t is None:
             continue
         if t.dtype != torch.int32 or t.dim() != 1:
@@ -361,15 +363,16 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, 
     if cu_seqlens_q.numel() < 1 or cu_seqlens_k.numel() != cu_seqlens_q.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 1 offsets, got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    if seqused_k is not None and seqused_k.numel() != cu_seqlens_q.numel() - 1:
-        raise ValueError(f"seqused_k must hold batch = {cu_seqlens_q.numel() - 1} entries, got {seqused_k.numel()}")
+    for name, t in (("seqused_k", seqused_k), ("seqused_q", seqused_q)):
+        if t is not None and t.numel() != cu_seqlens_q.numel() - 1:
+            raise ValueError(f"{name} must hold batch = {cu_seqlens_q.numel() - 1} entries, got {t.numel()}")
     if (max_seqlen_q < 0) != (max_seqlen_k < 0):
         raise ValueError("max_seqlen_q and max_seqlen_k must be given together")
     _check_sizes(q.device, cu_seqlens_q.numel() - 1, max(max_seqlen_q, 0), max(max_seqlen_k, 0), q.shape[1],
                  k.shape[1], q.shape[2], v.shape[2])
 
 
-def _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k):
+def _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k):
     """The longest sequences: as given, or read from the offsets on the host (one small copy) and checked against
     the packed tensors, so that inconsistent offsets raise instead of being clamped."""
     if max_seqlen_q >= 0:
@@ -385,25 +388,33 @@ def _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, m
             raise ValueError(f"{name} must start at 0, never decrease, and end at most at the {total} packed rows, "
                              f"got {cu.tolist()}")
     len_k = cu_k[1:] - cu_k[:-1]
-    if seqused_k is not None:
-        used = seqused_k.cpu().long()
-        if bool((used < 0).any()) or bool((used > len_k).any()):
-            raise ValueError(f"seqused_k must lie in [0, the sequence's length], got {used.tolist()}")
+    for name, used, lengths in (("seqused_k", seqused_k, len_k), ("seqused_q", seqused_q, cu_q[1:] - cu_q[:-1])):
+        if used is not None:
+            used = used.cpu().long()
+            if bool((used < 0).any()) or bool((used > lengths).any()):
+                raise ValueError(f"{name} must lie in [0, the sequence's length], got {used.tolist()}")
     max_q = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
     max_k = int(len_k.max()) if cu_k.numel() > 1 else 0
     _check_sizes(q.device, cu_q.numel() - 1, max_q, max_k, q.shape[1], k.shape[1], q.shape[2], q.shape[2])
     return max_q, max_k
 
 
-def _varlen_fwd_params(q, k, v, out, lse, dtype, args, cu_seqlens_q, cu_seqlens_k, seqused_k, max_q, max_k):
+def _contiguous(*tensors):
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
+def _varlen_fwd_params(q, k, v, out, lse, dtype, args, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_q,
+                       max_k):
     p = _fwd_params(q[None], k[None], v[None], out[None], lse[None], dtype, *args)
     p.batch, p.seqlen_q, p.seqlen_k = cu_seqlens_q.numel() - 1, max_q, max_k
     p.total_q, p.total_k = q.shape[0], k.shape[0]
-    p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k), _ptr(seqused_k)
+    p.cu_seqlens_q, p.cu_seqlens_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k)
+    p.seqused_k, p.seqused_q = _ptr(seqused_k), _ptr(seqused_q)
     return p
 
 
-_VARLEN_ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+_VARLEN_ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? seqused_q, int max_seqlen_q, "
+                "int max_seqlen_k, "
                 "float softmax_scale, bool causal, int window_left, int window_right, float softcap")
 _VARLEN_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, {_VARLEN_ARGS}, bool deterministic=False) "
                       "-> (Tensor out, Tensor lse)")
@@ -413,15 +424,17 @@ _VARLEN_BWD_SCHEMA = (f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v
 
 @torch.library.custom_op("flashcute::varlen_fwd", mutates_args=(), schema=_VARLEN_FWD_SCHEMA)
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-               seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+               seqused_k: Optional[Tensor], seqused_q: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               softmax_scale: float, causal: bool,
                window_left: int, window_right: int, softcap: float,
                deterministic: bool = False) -> tuple[Tensor, Tensor]:
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-    max_q, max_k = _varlen_lengths(q, k, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
+    _check_varlen(q, k, v, *varlen)
+    max_q, max_k = _varlen_lengths(q, k, *varlen)
     args = (softmax_scale, causal, window_left, window_right, softcap)
-    seqs = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None if seqused_k is None else seqused_k.contiguous())
+    seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     total_q, nheads, _ = q.shape
-    # Rows that belong to no sequence (past cu_seqlens_q[-1]) are defined: out 0, lse -inf.
+    # Rows that belong to no sequence (past cu_seqlens_q[-1], or a sequence's seqused_q) are defined: out 0, lse -inf.
     if q.device.type == "cuda":
         out = q.new_zeros((total_q, nheads, v.shape[2]))
         lse = q.new_full((nheads, total_q), float("-inf"), dtype=torch.float32)
@@ -436,9 +449,10 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 
 
 @varlen_fwd.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      window_left,
       window_right, softcap, deterministic=False):
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
     total_q, nheads, _ = q.shape
     return q.new_empty((total_q, nheads, v.shape[2])), q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
 
@@ -452,14 +466,15 @@ def _check_varlen_bwd(dout, dlse, q, k, v, out, lse, *varlen):
 
 @torch.library.custom_op("flashcute::varlen_bwd", mutates_args=(), schema=_VARLEN_BWD_SCHEMA)
 def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], seqused_q: Optional[Tensor],
+               max_seqlen_q: int,
                max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
                softcap: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
     _check_varlen_bwd(dout, dlse, q, k, v, out, lse, *varlen)
     max_q, max_k = _varlen_lengths(q, k, *varlen)
     args = (softmax_scale, causal, window_left, window_right, softcap)
-    seqs = (cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None if seqused_k is None else seqused_k.contiguous())
+    seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     # Rows that belong to no sequence get zero gradients.
     if q.device.type == "cuda":
         dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
@@ -476,11 +491,11 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
 
 
 @varlen_bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k,
       softmax_scale, causal, window_left, window_right, softcap, deterministic):
-    _check_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+    _check_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q,
                       max_seqlen_k)
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-_register_autograd(varlen_fwd, varlen_bwd, 3)
+_register_autograd(varlen_fwd, varlen_bwd, 4)

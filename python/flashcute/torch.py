@@ -93,7 +93,7 @@ def _varlen(a):
     cu_q, cu_k = (a[n].to(torch.int32).contiguous() for n in ("cum_seq_q", "cum_seq_k"))
     used = a.get("seqused_k")
     used = None if used is None else used.to(torch.int32).contiguous()
-    return cu_q, cu_k, used, int(a["max_q"]), int(a["max_k"])
+    return cu_q, cu_k, used, None, int(a["max_q"]), int(a["max_k"])
 
 
 def _forward(a, out=None):

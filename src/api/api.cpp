@@ -107,6 +107,7 @@ flashcute_status_t check_varlen_pointers(flashcute_fwd_params const& p) {
   return check_device_pointers({{p.cu_seqlens_q, "cu_seqlens_q"},
                                 {p.cu_seqlens_k, "cu_seqlens_k"},
                                 {p.seqused_k, "seqused_k"},
+                                {p.seqused_q, "seqused_q"},
                                 {p.varlen_status, "varlen_status"}});
 }
 
@@ -122,8 +123,8 @@ flashcute_status_t check_workspace(void const* workspace, size_t given, size_t n
 // from the caller's offsets; every varlen call runs it, also one with nothing else to compute.
 flashcute_status_t prepare_varlen(flashcute_fwd_params const& p, void* workspace, FwdKernelParams& k, void* stream) {
   if (!p.cu_seqlens_q) return FLASHCUTE_SUCCESS;
-  VarlenOffsets const v{p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, (int)p.batch, (int)p.total_q, (int)p.total_k,
-                        (int)p.seqlen_q, (int)p.seqlen_k};
+  VarlenOffsets const v{p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, (int)p.batch, (int)p.total_q,
+                        (int)p.total_k, (int)p.seqlen_q, (int)p.seqlen_k};
   auto* spans = static_cast<SeqSpan*>(workspace);
   k.seq_spans = spans;
   return launch_status(launch_varlen_prepare(v, spans, p.varlen_status, stream), "varlen_prepare", 0);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "api/status.h"
@@ -194,13 +195,16 @@ flashcute_status_t check_host_offsets(flashcute_fwd_params const& p) {
                    " rows, more than " + s.max_name + " = " + str(s.max_len));
     }
   }
-  if (p.seqused_k)
+  for (auto const& [name, used, cu] : {std::tuple{"seqused_k", p.seqused_k, p.cu_seqlens_k},
+                                        std::tuple{"seqused_q", p.seqused_q, p.cu_seqlens_q}}) {
+    if (!used) continue;
     for (int64_t b = 0; b < p.batch; ++b) {
-      int64_t const len = int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b];
-      if (p.seqused_k[b] < 0 || p.seqused_k[b] > len)
-        return bad("seqused_k[" + str(b) + "] = " + str(p.seqused_k[b]) + " must lie in [0, " + str(len) +
-                   "], the sequence's key rows");
+      int64_t const len = int64_t(cu[b + 1]) - cu[b];
+      if (used[b] < 0 || used[b] > len)
+        return bad(std::string(name) + "[" + str(b) + "] = " + str(used[b]) + " must lie in [0, " + str(len) +
+                   "], the sequence's rows");
     }
+  }
   return FLASHCUTE_SUCCESS;
 }
 
@@ -252,6 +256,7 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr))
     return bad("cu_seqlens_q and cu_seqlens_k must be given together");
   if (p.seqused_k && !p.cu_seqlens_q) return bad("seqused_k needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
+  if (p.seqused_q && !p.cu_seqlens_q) return bad("seqused_q needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
   if (p.varlen_status && !p.cu_seqlens_q) return bad("varlen_status needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
   if (varlen_of(p)) {
     for (auto const& [name, total] : {std::pair<char const*, int64_t>{"total_q", p.total_q}, {"total_k", p.total_k}}) {

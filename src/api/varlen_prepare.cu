@@ -32,11 +32,13 @@ __global__ void __launch_bounds__(kThreads) varlen_prepare_kernel(VarlenOffsets 
     if (q_len > v.max_seqlen_q) mine |= FLASHCUTE_VARLEN_SEQLEN_Q;
     if (k_len > v.max_seqlen_k) mine |= FLASHCUTE_VARLEN_SEQLEN_K;
     if (v.seqused_k && (v.seqused_k[b] < 0 || v.seqused_k[b] > k_len)) mine |= FLASHCUTE_VARLEN_SEQUSED_K;
+    if (v.seqused_q && (v.seqused_q[b] < 0 || v.seqused_q[b] > q_len)) mine |= FLASHCUTE_VARLEN_SEQUSED_Q;
     // The sequence the kernels see: start inside the rows, end between the start and the rows' end, length at most
     // the declared maximum. Consistent offsets come out unchanged.
     SeqSpan s;
     s.q_row0 = clamp_to(q0, 0, v.total_q);
     s.seqlen_q = min(clamp_to(q1, s.q_row0, v.total_q) - s.q_row0, v.max_seqlen_q);
+    if (v.seqused_q) s.seqlen_q = clamp_to(v.seqused_q[b], 0, s.seqlen_q);
     s.k_row0 = clamp_to(k0, 0, v.total_k);
     s.key_rows = min(clamp_to(k1, s.k_row0, v.total_k) - s.k_row0, v.max_seqlen_k);
     s.seqlen_k = v.seqused_k ? clamp_to(v.seqused_k[b], 0, s.key_rows) : s.key_rows;

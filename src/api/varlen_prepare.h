@@ -1,5 +1,5 @@
 // The varlen prepare pass: one small kernel, launched before every varlen call, that turns the caller's offsets
-// (cu_seqlens_q/k, seqused_k) into the clamped per-sequence table the kernels read (SeqSpan, common/
+// (cu_seqlens_q/k, seqused_q/k) into the clamped per-sequence table the kernels read (SeqSpan, common/
 // kernel_params.h), and optionally reports on the device whether the offsets were consistent (varlen_status).
 // No host copy of the offsets, so varlen calls can be captured in CUDA graphs.
 #pragma once
@@ -14,6 +14,7 @@ namespace flashcute {
 struct VarlenOffsets {
   int32_t const* cu_seqlens_q;
   int32_t const* cu_seqlens_k;
+  int32_t const* seqused_q;  // may be null
   int32_t const* seqused_k;  // may be null
   int batch, total_q, total_k, max_seqlen_q, max_seqlen_k;
 };

@@ -15,7 +15,7 @@ namespace flashcute {
 // mainloop kernels made ptxas spill (bench/RESULTS.md, seventh session).
 struct SeqSpan {
   int q_row0;    // first packed row of the sequence's queries
-  int seqlen_q;  // its query rows
+  int seqlen_q;  // its query rows (seqused_q when given: the rows past it are padding)
   int k_row0;    // first packed row of its keys
   int key_rows;  // the key rows it owns (each gets a gradient)
   int seqlen_k;  // the keys that take part: min(seqused_k, key_rows) when seqused_k is given

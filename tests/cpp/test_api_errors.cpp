@@ -198,7 +198,7 @@ TEST(ApiErrors, NullParamsAreIgnoredOrRefused) {
 
 // A varlen problem for the reference: three sequences packed in total_q / total_k rows.
 struct VarlenHost : HostProblem {
-  std::vector<int32_t> cu_q{0, 2, 5, 9}, cu_k{0, 4, 4, 11}, used{3, 0, 7};
+  std::vector<int32_t> cu_q{0, 2, 5, 9}, cu_k{0, 4, 4, 11}, used{3, 0, 7}, used_q{1, 3, 5};
   VarlenHost() : HostProblem(1, 9, 11, 4, 2, 8) {
     fwd.batch = 3, fwd.seqlen_q = 4, fwd.seqlen_k = 7;
     fwd.cu_seqlens_q = cu_q.data(), fwd.cu_seqlens_k = cu_k.data(), fwd.seqused_k = used.data();
@@ -225,6 +225,7 @@ TEST(ApiErrors, ReferenceRefusesOffsetsOutsideTheTensors) {
       {"cu_seqlens_q: sequence 2", [](auto& v) { v.fwd.seqlen_q = 3; }},  // longer than the declared maximum
       {"seqused_k[0]", [](auto& v) { v.used[0] = 5; }},              // longer than the sequence
       {"seqused_k[1]", [](auto& v) { v.used[1] = -2; }},
+      {"seqused_q[2]", [](auto& v) { v.fwd.seqused_q = v.used_q.data(); }},  // 5 of the sequence's 4 rows
       {"total_q must be set", [](auto& v) { v.fwd.total_q = -1; }},
       {"total_k", [](auto& v) { v.fwd.total_k = 1ll << 40; }},
   };

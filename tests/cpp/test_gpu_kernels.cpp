@@ -237,6 +237,7 @@ struct Offsets {
   char const* what;
   std::vector<int32_t> cu_q, cu_k, used;
   int32_t expect;  // varlen_status bits
+  std::vector<int32_t> used_q = {};
 };
 
 void run_adversarial(Offsets const& o, int head_dim, int deterministic) {
@@ -251,13 +252,15 @@ void run_adversarial(Offsets const& o, int head_dim, int deterministic) {
   size_t const nq = (size_t)total_q * h * head_dim, nk = (size_t)total_k * hkv * head_dim, nl = (size_t)total_q * h;
   Exact q(nq * 2), k(nk * 2), v(nk * 2), out(nq * 2), lse(nl * 4), dout(nq * 2), dlse(nl * 4);
   Exact dq(nq * 2), dk(nk * 2), dv(nk * 2), cu_q(o.cu_q.size() * 4), cu_k(o.cu_k.size() * 4), status(4);
-  Exact used(o.used.size() * 4);
+  Exact used(o.used.size() * 4), used_q(o.used_q.size() * 4);
+  cudaMemcpy(used_q.ptr, o.used_q.data(), o.used_q.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(cu_q.ptr, o.cu_q.data(), o.cu_q.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(cu_k.ptr, o.cu_k.data(), o.cu_k.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(used.ptr, o.used.data(), o.used.size() * 4, cudaMemcpyHostToDevice);
   p.q = q.ptr, p.k = k.ptr, p.v = v.ptr, p.out = out.ptr, p.lse = lse.ptr;
   p.cu_seqlens_q = static_cast<int32_t const*>(cu_q.ptr), p.cu_seqlens_k = static_cast<int32_t const*>(cu_k.ptr);
   p.seqused_k = o.used.empty() ? nullptr : static_cast<int32_t const*>(used.ptr);
+  p.seqused_q = o.used_q.empty() ? nullptr : static_cast<int32_t const*>(used_q.ptr);
   p.varlen_status = static_cast<int32_t*>(status.ptr);
   size_t fwd_ws = 0;
   ASSERT_EQ(flashcute_fwd_workspace_size(&p, &fwd_ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
@@ -302,6 +305,8 @@ TEST(GpuKernelsVarlen, AdversarialOffsetsStayInBounds) {
       {"too long for the maxima", {0, 100, 100, 100, 100}, {0, 150, 150, 150, 150}, {}, 4 | 8},
       {"seqused_k outside its sequence", {0, 25, 50, 75, 100}, {0, 30, 60, 90, 150}, {1000, -3, lo, 60}, 16},
       {"int32 extremes", {lo, hi, lo, hi, lo}, {hi, lo, hi, lo, hi}, {hi, lo, hi, lo}, 1 | 2 | 4 | 8 | 16},
+      {"seqused_q outside its sequence", {0, 25, 50, 75, 100}, {0, 30, 60, 90, 150}, {}, 32, {1000, -1, 5, 25}},
+      {"seqused_q consistent", {0, 25, 50, 75, 100}, {0, 30, 60, 90, 150}, {30, 0, 60, 7}, 0, {25, 0, 3, 24}},
   };
   for (int head_dim : {64, 128})
     for (int deterministic : {0, 1})

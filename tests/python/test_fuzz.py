@@ -1,5 +1,5 @@
 """Random problems against the float64 reference: shapes (odd sizes, Sq != Sk, head dims 8..256), dtypes, masks,
-softcap, GQA, varlen with seqused_k and padding rows, strided inputs, dlse, deterministic mode and the arch
+softcap, GQA, varlen with seqused_k/seqused_q and padding rows, strided inputs, dlse, deterministic mode and the arch
 profiles' kernels (FLASHCUTE_ARCH), forward and backward, with the error rule of DESIGN.md section 3.
 
 The rule is DESIGN.md's plus one ulp of the output dtype per element (see check()). A short run is part of the
@@ -58,6 +58,7 @@ def draw_case(rng):
         c["lens_q"] = [draw_seqlen(rng) * (rng.random() > 0.1) for _ in range(n)]  # some empty sequences
         c["lens_k"] = [draw_seqlen(rng) for _ in range(n)]
         c["used_k"] = [rng.randint(0, lk) for lk in c["lens_k"]] if rng.random() < 0.4 else None
+        c["used_q"] = [rng.randint(0, lq) for lq in c["lens_q"]] if rng.random() < 0.25 else None
         c["pad_q"] = rng.choice((0, 0, rng.randint(1, 9)))  # rows past the last sequence
     else:
         c["batch"] = rng.randint(1, 3)
@@ -78,7 +79,7 @@ def reference_grads(q, k, v, dout, dlse, scale, causal, window, softcap, dtype):
     return (out, lse, *backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtype))
 
 
-def packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, scale, c, dtype):
+def packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, used_q, scale, c, dtype):
     """reference_grads in dtype, sequence by sequence, packed like varlen's outputs; rows of no sequence, and
     sequences without keys, keep out 0, lse -inf and zero gradients."""
     lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -86,7 +87,8 @@ def packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, scale, c, dtype):
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=lse_dtype, device="cuda")
     dq, dk, dv = (torch.zeros(t.shape, dtype=dtype, device="cuda") for t in (q, k, v))
     for b in range(len(cu_q) - 1):
-        q0, q1, k0 = cu_q[b], cu_q[b + 1], cu_k[b]
+        q0, k0 = cu_q[b], cu_k[b]
+        q1 = cu_q[b + 1] if used_q is None else q0 + used_q[b]
         k1 = cu_k[b + 1] if used is None else k0 + used[b]
         if q1 == q0 or k1 == k0:
             continue
@@ -119,7 +121,8 @@ def run(c, seed):
         dlse = torch.randn(h, tq, device="cuda", generator=gen) if c["dlse"] else None
         used = c["used_k"]
         args = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in (cu_q, cu_k)]
-        used_t = None if used is None else torch.tensor(used, dtype=torch.int32, device="cuda")
+        used_t, used_q_t = (None if x is None else torch.tensor(x, dtype=torch.int32, device="cuda")
+                            for x in (used, c["used_q"]))
         given = {"max_seqlen_q": max(c["lens_q"]), "max_seqlen_k": max(c["lens_k"])} if seed % 2 else {}
     else:
         b, sq, sk = c["batch"], c["seqlen_q"], c["seqlen_k"]
@@ -132,7 +135,8 @@ def run(c, seed):
     with forced_arch(c["arch"]):
         torch.empty(4 * (q.numel() + k.numel() + v.numel()) + 4096, device="cuda").fill_(float("nan"))  # poison
         if c["varlen"]:
-            out, lse = flashcute.flash_attn_varlen_func(*leaves, *args, seqused_k=used_t, **kw, **given)
+            out, lse = flashcute.flash_attn_varlen_func(*leaves, *args, seqused_k=used_t, seqused_q=used_q_t, **kw,
+                                                        **given)
         else:
             out, lse = flashcute.flash_attn_func(*leaves, **kw)
         outs, cots = ([out, lse], [dout, dlse]) if dlse is not None else ([out], [dout])
@@ -146,8 +150,8 @@ def run(c, seed):
                               scale, c["causal"], window, c["softcap"], torch.float64)
         base = reference_grads(q, k, v, dout, dlse, scale, c["causal"], window, c["softcap"], dtype)
     else:
-        ref = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, scale, c, torch.float64)
-        base = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, scale, c, dtype)
+        ref = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, c["used_q"], scale, c, torch.float64)
+        base = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, c["used_q"], scale, c, dtype)
     # One ulp of the output dtype on top of the rule: with few elements (one query row, head_dim_v 8) the baseline's
     # largest error can fall just short of a rounding boundary that ours crosses (bench/RESULTS.md, seventh session).
     for name, a, r, bse, atol in zip(("out", "lse", "dq", "dk", "dv"), ours, ref, base, (1e-5, 1e-5, 1e-4, 1e-4, 1e-4)):

@@ -87,7 +87,8 @@ def test_varlen_matches_per_sequence_gpu(name):
 def test_varlen_opcheck():
     q, k, v, cu_q, cu_k, seqused, causal, window = make_case("seqused", torch.float64, "cpu")
     for maxima in ((-1, -1), (20, 25)):  # read on the host, or given (no host copy)
-        args = (cu_q, cu_k, seqused, *maxima, 0.25, causal, -1, -1, 0.0)
+        used_q = (cu_q[1:] - cu_q[:-1]) // 2
+        args = (cu_q, cu_k, seqused, used_q, *maxima, 0.25, causal, -1, -1, 0.0)
         _opcheck_varlen(q, k, v, args)
 
 
@@ -116,3 +117,28 @@ def test_varlen_errors_name_the_argument(case):
     cu_q, cu_k, seqused = fn(cu_q, cu_k, seqused)
     with pytest.raises(ValueError, match=message):
         flash_attn_varlen_func(q, k, v, cu_q, cu_k, causal=causal, seqused_k=seqused)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_seqused_q_is_each_sequence_shortened(device):
+    # seqused_q keeps each sequence's first queries: the causal diagonal aligns to them, the rest are padding (out 0,
+    # lse -inf, zero gradients).
+    dtype = torch.float64 if device == "cpu" else torch.bfloat16
+    q, k, v, cu_q, cu_k, _, causal, window = make_case("causal", dtype, device)
+    used_q = torch.tensor([3, 1, 10, 0], dtype=torch.int32, device=device)
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, causal=True, seqused_q=used_q)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    grads = torch.autograd.grad((out, lse), (q, k, v), (dout, dlse))
+    keep = torch.zeros(q.shape[0], dtype=torch.bool, device=device)
+    for b in range(used_q.numel()):
+        keep[int(cu_q[b]):int(cu_q[b]) + int(used_q[b])] = True
+    short_q = q[keep].detach().requires_grad_()
+    cu_short = torch.cat([used_q.new_zeros(1), used_q.cumsum(0).int()])
+    ref_out, ref_lse = flash_attn_varlen_func(short_q, k, v, cu_short, cu_k, causal=True)
+    ref_grads = torch.autograd.grad((ref_out, ref_lse), (short_q, k, v), (dout[keep], dlse[:, keep]))
+    assert (out[~keep] == 0).all() and (lse[:, ~keep] == float("-inf")).all() and (grads[0][~keep] == 0).all()
+    tol = dict(rtol=1e-10, atol=1e-10) if device == "cpu" else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out[keep], ref_out, **tol)
+    torch.testing.assert_close(lse[:, keep], ref_lse, **tol)
+    for a, b_ in zip((grads[0][keep], grads[1], grads[2]), ref_grads):
+        torch.testing.assert_close(a.float(), b_.float(), **tol)
