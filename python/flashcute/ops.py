@@ -43,12 +43,16 @@ def flag(value, name):
 def real(value, name):
     """A float argument as the C library will see it (float32): non-finite values, and values that overflow or
     vanish in float32 (softcap 1e-50 would silently turn softcap off), are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    magnitude = abs(float(value))
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        value = float(value)  # Python and NumPy reals, 0-d tensors
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    magnitude = abs(value)
     if not math.isfinite(magnitude) or magnitude > _F32_MAX or 0 < magnitude <= _F32_TINY:
         raise ValueError(f"{name} = {value!r} is not a finite float32 number")
-    return float(value)
+    return value
 
 
 def default_scale(q):
