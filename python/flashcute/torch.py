@@ -111,13 +111,10 @@ def _forward(a, out=None):
     return out, lse
 
 
-def _backward(a, grad_out, q, k, v, out, lse):
-    varlen = _varlen(a)
-    make = torch.zeros_like if varlen is not None else torch.empty_like
-    dq, dk, dv = make(q), make(k), make(v)
-    ops.run_backward(grad_out, None, q, k, v, out, lse, dq, dk, dv, _args(a, q.shape[-1]),
-                     torch.are_deterministic_algorithms_enabled(), varlen)
-    return dq, dk, dv
+def _backward(a, grad_out, q, k, v, out, lse, grads):
+    """dq, dk, dv of aten's flash backward into grads, laid out like q, k, v (see _forward)."""
+    ops.run_backward(grad_out, None, q, k, v, out, lse, *grads, _args(a, q.shape[-1]),
+                     torch.are_deterministic_algorithms_enabled(), _varlen(a))
 
 
 def _no_rng(q):
@@ -148,7 +145,10 @@ def _flash_backward(a):
     why = _unsupported(a, (a["grad_out"], q, k, v, a["out"]), (q.shape[-1], v.shape[-1]))
     if why:
         return why
-    return _backward(a, a["grad_out"], q, k, v, a["out"], a["logsumexp"])
+    make = torch.zeros_like if a.get("cum_seq_q") is not None else torch.empty_like  # varlen: zero padding rows
+    grads = make(q), make(k), make(v)
+    _backward(a, a["grad_out"], q, k, v, a["out"], a["logsumexp"], grads)
+    return grads
 
 
 def _sdpa_forward(a):
@@ -168,11 +168,10 @@ def _sdpa_backward(a):
     why = _unsupported(a, (a["grad_out"], q, k, v, a["out"]), (q.shape[-1], v.shape[-1]))
     if why:
         return why
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    t = [x.transpose(1, 2) for x in (a["grad_out"], q, k, v, a["out"], dq, dk, dv)]
-    ops.run_backward(t[0], None, t[1], t[2], t[3], t[4], a["logsumexp"], t[5], t[6], t[7], _args(a, q.shape[-1]),
-                     torch.are_deterministic_algorithms_enabled())
-    return dq, dk, dv
+    grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    t = [x.transpose(1, 2) for x in (a["grad_out"], q, k, v, a["out"], *grads)]
+    _backward(dict(a, cum_seq_q=None), *t[:5], a["logsumexp"], t[5:])
+    return grads
 
 
 _IMPLS = {_FORWARD: _flash_forward, _FORWARD_INPLACE: _flash_forward_inplace, _BACKWARD: _flash_backward,

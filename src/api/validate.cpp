@@ -298,7 +298,7 @@ flashcute_bwd_params normalized(flashcute_bwd_params const& in) {
 bool fwd_has_work(flashcute_fwd_params const& p) { return p.batch > 0 && p.seqlen_q > 0 && rows_q(p) > 0; }
 
 bool bwd_has_work(flashcute_fwd_params const& p) {
-  return p.batch > 0 && ((p.seqlen_q > 0 && rows_q(p) > 0) || (p.seqlen_k > 0 && rows_k(p) > 0));
+  return fwd_has_work(p) || (p.batch > 0 && p.seqlen_k > 0 && rows_k(p) > 0);
 }
 
 flashcute_status_t validate_fwd(flashcute_fwd_params const* p, Target target) {

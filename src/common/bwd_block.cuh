@@ -62,7 +62,9 @@ struct BwdBlock {
   }
 
   // Every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get zeros. Recomputed where
-  // needed rather than kept: held across the mainloop, it was what ptxas spilled (hd256 64x16 on sm_80).
+  // needed rather than kept: held across the mainloop, it was what ptxas spilled (hd256 64x16 on sm_80). Not
+  // SeqInfo::key_rows (the same value): reading p.seqlen_k instead of seq.seqlen_k made the Hopper hd128 backward
+  // spill 380 B (bench/RESULTS.md, seventh session).
   CUTE_DEVICE int key_rows(BwdKernelParams const& p) const {
     return p.seq_spans ? p.seq_spans[b].key_rows : seq.seqlen_k;
   }
