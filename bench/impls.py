@@ -62,12 +62,40 @@ class Flashcute:
         return out
 
 
+class Fa4:
+    """FlashAttention-4 (flash_attn.cute, CuTe DSL; ../shared/peers/fa4/README.md says how to bring it to the
+    device). Each shape class compiles on its first call, which the warm-up absorbs."""
+
+    label = backend = "fa4"
+
+    @staticmethod
+    def available():
+        try:
+            from flash_attn.cute.interface import flash_attn_func  # noqa: F401
+            return True
+        except Exception:  # not installed, or built for another Python or GPU
+            return False
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def forward(self, q, k, v, causal):
+        from flash_attn.cute.interface import flash_attn_func
+        out, _lse = flash_attn_func(q, k, v, causal=causal)
+        return out
+
+
 def build(impl_names, archs=(None,)):
-    """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch."""
+    """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch; fa4 only where it imports."""
     out = []
     for name in impl_names:
         if name in ("flashcute", "flashcute-det"):
             out += [Flashcute(a, deterministic=name == "flashcute-det") for a in archs]
+        elif name == "fa4":
+            if Fa4.available():
+                out.append(Fa4())
+            else:
+                print("fa4: flash_attn.cute does not import here; skipped")
         else:
             out.append(Sdpa(name))
     return out

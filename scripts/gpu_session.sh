@@ -5,7 +5,7 @@
 #   BENCH    bench/run.py arguments, empty to skip  BUILD_ONLY=1 stop after the build
 #   TUNE     kernel config names to time one by one (forced with FLASHCUTE_CONFIG), e.g. sm80_fwd_bf16_hd128_m128n64w8;
 #            each is timed in its own direction (fwd or bwd, from the name)
-#   PYTEST_TIMEOUT  seconds for the pytest run (default 300)
+#   PYTEST_TIMEOUT  seconds for the pytest run (default 300); TEST_TIMEOUT the same for each C++ test binary
 #   SANITIZE=1  also run compute-sanitizer memcheck and racecheck on tests/cpp/test_gpu_kernels (SANITIZE=memcheck:
 #               memcheck alone)
 #   PREBUILT    a folder holding lib/libflashcute.so and tests/cpp/test_* built elsewhere (scripts/prebuild.sh):
@@ -31,7 +31,7 @@ fi
 export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so" PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
 for t in "$dir"/tests/cpp/test_*; do
   [ -x "$t" ] || continue
-  "$t" --gtest_brief=1 > "$out/$(basename "$t").txt" 2>&1
+  timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 > "$out/$(basename "$t").txt" 2>&1
   echo "$(basename "$t"): exit $? ($(grep -E 'PASSED|FAILED' "$out/$(basename "$t").txt" | tr '\n' ' '))"
 done
 if [ "${SANITIZE:-0}" != 0 ]; then

@@ -40,8 +40,16 @@ struct OnlineSoftmax {
   // rescaled by how much each row's max moved.
   template <class AccS, class AccO>
   CUTE_DEVICE void update(AccS& acc_s, AccO& acc_o, float scale_log2) {
+    float correction[kRows];
+    scores(acc_s, scale_log2, correction);
+    rescale(acc_o, correction);
+  }
+
+  // update() in two halves, for kernels whose P.V MMA still reads acc_o while the next scores are turned into
+  // probabilities: scores() leaves in correction[] what rescale() must later multiply each row of acc_o by.
+  template <class AccS>
+  CUTE_DEVICE void scores(AccS& acc_s, float scale_log2, float (&correction)[kRows]) {
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));  // (rows, cols)
-    Tensor o = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));  // (rows, head_dim cols)
     static_assert(decltype(size<0>(s))::value == kRows);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -49,7 +57,7 @@ struct OnlineSoftmax {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
       m = quad_allreduce(m, MaxOp{});
-      float const correction = exp2f((row_max[r] - finite_or_zero(m)) * scale_log2);
+      correction[r] = exp2f((row_max[r] - finite_or_zero(m)) * scale_log2);
       row_max[r] = m;
       float const max_scaled = finite_or_zero(m) * scale_log2;
       float sum = 0.f;
@@ -58,10 +66,18 @@ struct OnlineSoftmax {
         s(r, c) = exp2f(s(r, c) * scale_log2 - max_scaled);
         sum += s(r, c);
       }
-      // The sum stays thread-local until finalize: one reduction per row instead of one per tile.
-      row_sum[r] = row_sum[r] * correction + sum;
+      // The sum stays thread-local until finish: one reduction per row instead of one per tile.
+      row_sum[r] = row_sum[r] * correction[r] + sum;
+    }
+  }
+
+  template <class AccO>
+  CUTE_DEVICE static void rescale(AccO& acc_o, float const (&correction)[kRows]) {
+    Tensor o = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));  // (rows, head_dim cols)
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
     }
   }
 

@@ -25,8 +25,9 @@ NEEDS = {"sm80": "arch::kMmaSync | arch::kCpAsync | arch::kLdmatrix",
 def smem_bytes(family, direction, head_dim, block_m, block_n, warps):
     # Must equal sizeof(SharedStorage) of the kernel; the kernel static_asserts it.
     if direction == "fwd":
-        stages = 2 if family == "sm90" else 1  # Hopper: two K/V stages
-        return (block_m + 2 * stages * block_n) * head_dim * 2
+        if family == "sm90":  # two K/V stages, then the stages' mbarriers padded to 1 KB
+            return (block_m + 2 * 2 * block_n) * head_dim * 2 + 1024
+        return (block_m + 2 * block_n) * head_dim * 2
     if direction == "bwd" and family == "sm90":
         # Two Q and dO stages, K, V, dS^T and, when the warpgroups split the head dim (block_n 64, more than one
         # warpgroup), P^T (16-bit); then two stages of row terms (float32) padded to 1 KB.

@@ -72,10 +72,10 @@ BWD_SM80 = [
     ("sm80", "bwd", 256, 64, 16, 4, 1, 1, "84.5 KB, single Q stage: 99 KB parts"),
 ]
 
-# Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares). One warpgroup per 64 query
-# rows, two K/V stages; block_n as large as the registers of S (block_n / 2 per thread) and O (head_dim / 2) allow.
-# H200, bf16, 16k tokens (bench/RESULTS.md, fifth session, run F): hd64 0.86-1.10x FA2, hd128 1.06-1.43x (432-469
-# TFLOP/s at >= 8k), hd256 0.93-1.62x; no spills.
+# Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares), warp-specialised: one consumer
+# warpgroup per 64 query rows plus a producer warpgroup (warps counts the consumers), two K/V stages; block_n as
+# large as the registers of S (block_n / 2 per thread), P and O (head_dim / 2) allow.
+# H200, bf16, 16k tokens (bench/RESULTS.md, eighth session, run 2): hd128 0.68-0.80x FA4, hd256 0.61-0.85x; no spills.
 FWD_SM90 = [
     ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "80 KB"),
     ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "120 KB"),

@@ -1,11 +1,14 @@
-// Hopper forward mainloop (wgmma + cp.async): one CTA owns a kBlockM tile of queries of one head, one warpgroup per
-// 64 rows, and walks its visible K/V tiles from the last to the first (the tiles that need masking first), loading
-// the next tile while the current one is computed. Each warpgroup reads its operands from shared memory once per
-// tile (mma.sync reads them once per warp), which is what this family buys over the portable one
-// (src/sm80/fwd_kernel.cuh, whose masking, softmax, copies and tile order it shares).
+// Hopper forward, warp-specialised: one CTA owns a kBlockM tile of queries of one head. A producer warpgroup
+// copies the visible K/V tiles into a ring of shared-memory stages (cp.async, zero-filled past the sequence and the
+// head dim) and signals each stage through an mbarrier; one consumer warpgroup per 64 query rows computes. The
+// consumers overlap their own softmax with their P.V MMA (S_{i} = Q K_i^T and O += P_{i-1} V_{i-1} are issued back
+// to back, the softmax of S_i runs while P_{i-1} V_{i-1} is in flight) and take turns issuing MMAs (named
+// barriers), so one warpgroup's softmax runs under the other's MMAs. Masking, softmax, tile order and the epilogue
+// are shared with the portable family (src/sm80/fwd_kernel.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include "common/cute_utils.cuh"
 #include "common/fwd_block.cuh"
@@ -13,9 +16,59 @@
 #include "common/mask_apply.cuh"
 #include "common/softmax.cuh"
 #include "sm90/fwd_traits.cuh"
+#include "sm90/pipeline.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flashcute::sm90 {
+
+// Named barriers of the forward kernel (0 is __syncthreads).
+enum FwdBarrier : int {
+  kConsumersBarrier = 1,  // every consumer thread
+  kTurnBarrier0 = 2,      // kTurnBarrier0 + w: consumer warpgroup w may issue its MMAs
+};
+
+// Producer warpgroup: K_i and V_i for every visible tile i, in the consumers' order, each into its ring's stage.
+template <class T>
+CUTE_DEVICE void fwd_load(FwdKernelParams const& p, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
+                          typename T::SharedStorage& smem, int ptid) {
+  using Element = typename T::Element;
+  constexpr int kBlockN = T::kBlockN;
+  constexpr int kHeadDim = T::kHeadDim;
+  auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  SeqInfo const& seq = blk.seq;
+  Tensor mK = make_tensor(make_gmem_ptr(blk.template k<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.k_row_stride, _1{}));  // (Sk, D)
+  Tensor mV = make_tensor(make_gmem_ptr(blk.template v<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
+  Tensor gK = local_tile(mK, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
+  Tensor gV = local_tile(mV, tile_kv, make_coord(_, 0));
+  Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
+  typename T::GmemLoad gmem_load;
+  auto load_thr = gmem_load.get_thread_slice(ptid);
+  Tensor tKgK = load_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = load_thr.partition_D(sK);  // (CPY, CPY_N, CPY_D, stage)
+  Tensor tVgV = load_thr.partition_S(gV);
+  Tensor tVsV = load_thr.partition_D(sV);
+  Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);
+  int load_row, load_col;
+  copy_base(load_thr, tile_kv, load_row, load_col);
+  int const k_cols = p.head_dim - load_col;
+  int const v_cols = p.head_dim_v - load_col;
+#pragma unroll 1
+  for (int i = 0; i < blk.num_tiles; ++i) {
+    int const n = blk.tile_of(i);
+    int const stage = i % T::kStages;
+    int const rows = seq.seqlen_k - n * kBlockN - load_row;
+    smem.k_ring.producer_acquire(i);
+    copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, rows, k_cols);
+    smem.k_ring.producer_commit(i);
+    smem.v_ring.producer_acquire(i);
+    copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, rows, v_cols);
+    smem.v_ring.producer_commit(i);
+  }
+  cp_async_wait<0>();
+}
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdKernelParams const p) {
@@ -24,6 +77,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kConsumerThreads = T::kConsumerThreads;
+  constexpr int kConsumerGroups = kConsumerThreads / 128;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
@@ -31,47 +86,34 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
 
   FwdBlock<kBlockM, kBlockN> blk;
   if (!blk.init(p)) return;
+  blk.plan_tiles(p);
+  if (tid == 0) {
+    smem.k_ring.init(T::kProducerThreads, kConsumerThreads / 32);
+    smem.v_ring.init(T::kProducerThreads, kConsumerThreads / 32);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the roles part here
+
+  if (tid >= kConsumerThreads) {
+    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
+    fwd_load<T>(p, blk, smem, tid - kConsumerThreads);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
+
   SeqInfo const& seq = blk.seq;
   Mask const& mask = blk.mask;
-  int const m_block = blk.m_block, b = blk.b, h = blk.h, m0 = blk.m0;
+  int const b = blk.b, h = blk.h, m0 = blk.m0;
+  int const group = tid / 128;
+  int const num_general = blk.num_general, num_tiles = blk.num_tiles;
+  auto tile_of = [&](int i) { return blk.tile_of(i); };
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
-  auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
   auto tile_s = Shape<Int<kBlockM>, Int<kBlockN>>{};
-  Element const* q_ptr = blk.template q<Element>(p);
-  Element const* k_ptr = blk.template k<Element>(p);
-  Element const* v_ptr = blk.template v<Element>(p);
   Element* o_ptr = blk.template out<Element>(p);
-  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(p.q_row_stride, _1{}));  // (Sq, D)
-  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(p.k_row_stride, _1{}));  // (Sk, D)
-  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
-  Tensor gQ = local_tile(mQ, tile_q, make_coord(m_block, 0));  // (kBlockM, D)
-  Tensor gK = local_tile(mK, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
-  Tensor gV = local_tile(mV, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
-
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});   // (kBlockN, D, stage)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});   // (kBlockN, D, stage)
   Tensor sVt = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutVt{});  // (D, kBlockN, stage)
-
-  typename T::GmemLoad gmem_load;
-  auto load_thr = gmem_load.get_thread_slice(tid);
-  Tensor tQgQ = load_thr.partition_S(gQ);  // (CPY, CPY_M, CPY_D)
-  Tensor tQsQ = load_thr.partition_D(sQ);
-  Tensor tKgK = load_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
-  Tensor tKsK = load_thr.partition_D(sK);  // (CPY, CPY_N, CPY_D, stage)
-  Tensor tVgV = load_thr.partition_S(gV);
-  Tensor tVsV = load_thr.partition_D(sV);
-  // Copy predicates: thread 0's coordinates against bounds shifted by this thread's base (copy_base).
-  Tensor tQcQ = copy_offsets(gmem_load, tile_q);     // (CPY, CPY_M, CPY_D)
-  Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);  // (CPY, CPY_N, CPY_D)
-  int load_row, load_col;
-  copy_base(load_thr, tile_q, load_row, load_col);
-  int const k_cols = p.head_dim - load_col;
-  int const v_cols = p.head_dim_v - load_col;
 
   typename T::TiledMmaS mma_s;
   typename T::TiledMmaO mma_o;
@@ -86,78 +128,90 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   constexpr int kRows = decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value;
   OnlineSoftmax<kRows> softmax;
 
-  // General tiles (masked or softcapped) first, then the plain ones: common/fwd_block.cuh.
-  blk.plan_tiles(p);
-  int const num_general = blk.num_general, num_tiles = blk.num_tiles;
-  auto tile_of = [&](int i) { return blk.tile_of(i); };
-
-  // Each step computes S_i = Q K_i^T, its softmax, then O += P_i V_i. Shared memory holds two stages of K and V:
-  // tile i + 1 loads into the other stage during step i. The prologue loads V_0 in a group of its own, so the
-  // first S starts once Q and K_0 have landed (worth 0.85 -> 1.1x FA2 on short causal sequences, where the first
-  // tile is a large share of each CTA's work).
-  // Measured and not kept: issuing S_{i+1} ... P_i V_i back to back and running the softmax of one tile under the
-  // other's MMAs (FlashAttention-3's intra-warpgroup overlap). ptxas waits for every wgmma in flight before the
-  // first warp shuffle of the softmax (the row max), so nothing overlapped and long sequences lost 8-12%.
-  auto load_k = [&](int n, int stage) __attribute__((always_inline)) {
-    copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV,
-                    seq.seqlen_k - n * kBlockN - load_row, k_cols);
-  };
-  auto load_v = [&](int n, int stage) __attribute__((always_inline)) {
-    copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV,
-                    seq.seqlen_k - n * kBlockN - load_row, v_cols);
-  };
-  // What this thread loaded has landed; after the barrier, what every thread loaded.
-  auto sync_tiles = [&](auto pending) __attribute__((always_inline)) {
-    cp_async_wait<decltype(pending)::value>();
-    sync_smem_for_wgmma();
-  };
-
-  if (num_tiles > 0) {
-    copy_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, seq.seqlen_q - m0 - load_row, k_cols);
-    load_k(tile_of(0), 0);
-    cp_async_fence();
-    load_v(tile_of(0), 0);
-    cp_async_fence();
+  if (num_tiles > 0) {  // Q, by the consumers, while the producer starts on K and V
+    Tensor mQ = make_tensor(make_gmem_ptr(blk.template q<Element>(p)), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
+                            make_stride(p.q_row_stride, _1{}));  // (Sq, D)
+    Tensor gQ = local_tile(mQ, tile_q, make_coord(blk.m_block, 0));
+    typename T::GmemLoadQ load_q;
+    auto q_thr = load_q.get_thread_slice(tid);
+    int q_row, q_col;
+    copy_base(q_thr, tile_q, q_row, q_col);
+    copy_tile_zfill(load_q, q_thr.partition_S(gQ), q_thr.partition_D(sQ), copy_offsets(load_q, tile_q),
+                    seq.seqlen_q - m0 - q_row, p.head_dim - q_col);
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    named_sync(kConsumersBarrier, kConsumerThreads);
   }
 
-  constexpr int kPlain = 0, kMasked = 1, kSoftcapped = 2;
-  // kFirst: step 0, a body of its own (V_0 arrives in a later group than K_0): runtime tests of i == 0 inside the
-  // one body cost the other steps 4-8% at hd128 (bench/RESULTS.md, fifth session, runs C and D).
-  auto step = [&](int i, auto kind, auto first) __attribute__((always_inline)) {
-    constexpr int kKind = decltype(kind)::value;
-    constexpr bool kFirst = decltype(first)::value;
-    int const stage = i & 1;
-    // K_i (and V_i, except in step 0) have landed, and every warpgroup is done with step i - 1's stage.
-    sync_tiles(Int<kFirst ? 1 : 0>{});
-    if (i + 1 < num_tiles) {
-      load_k(tile_of(i + 1), stage ^ 1);
-      load_v(tile_of(i + 1), stage ^ 1);
-    }
-    cp_async_fence();
+  // The warpgroups take turns issuing their MMAs: w waits for its turn, issues, then hands the turn to the next.
+  // Warpgroup 0 goes first.
+  auto wait_turn = [&]() {
+    if constexpr (kConsumerGroups > 1) named_sync(kTurnBarrier0 + group, 256);
+  };
+  auto pass_turn = [&]() {
+    if constexpr (kConsumerGroups > 1) named_arrive(kTurnBarrier0 + (group + 1) % kConsumerGroups, 256);
+  };
+  static_assert(kConsumerGroups <= 2, "turns are handed between two warpgroups");
+  if (kConsumerGroups > 1 && group == 0) named_arrive(kTurnBarrier0, 256);
 
-    Tensor acc_s = partition_fragment_C(mma_s, tile_s);  // (MMA, MMA_M, MMA_N)
-    warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), acc_s);
-    warpgroup_wait_for<0>(acc_s);
+  constexpr int kPlain = 0, kMasked = 1, kSoftcapped = 2;
+  // Scores of tile i (landed in acc_s) become probabilities; correction[] says how to rescale O afterwards.
+  auto softmax_of = [&](int i, auto& acc_s, auto kind, auto& correction) __attribute__((always_inline)) {
+    constexpr int kKind = decltype(kind)::value;
     if constexpr (kKind == kSoftcapped) apply_softcap(acc_s, p.softcap_prescale);
     if constexpr (kKind != kPlain) apply_mask(acc_s, mma_s, tile_s, mask, m0, tile_of(i) * kBlockN);
-    softmax.update(acc_s, acc_o, p.scale_log2);
-    if constexpr (kFirst) sync_tiles(Int<1>{});  // V_0
-    Tensor rP = convert_to<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_N / 16)
-    warpgroup_issue<false, true>(mma_o, tOrP, tOrVt(_, _, _, stage), acc_o);
+    softmax.scores(acc_s, p.scale_log2, correction);
+  };
+  Tensor rP = make_tensor<Element>(partition_fragment_C(mma_s, tile_s).layout());  // P_{i-1}, converted
+  Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));           // (MMA, MMA_M, MMA_N / 16)
+
+  // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; the softmax of S_i under the second.
+  auto step = [&](int i, auto kind) __attribute__((always_inline)) {
+    int const stage = i % T::kStages, prev = (i - 1) % T::kStages;
+    Tensor acc_s = partition_fragment_C(mma_s, tile_s);  // (MMA, MMA_M, MMA_N)
+    smem.k_ring.consumer_wait(i);
+    smem.v_ring.consumer_wait(i - 1);
+    wait_turn();
+    warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), acc_s);
+    warpgroup_issue<false, true>(mma_o, tOrP, tOrVt(_, _, _, prev), acc_o);
+    pass_turn();
+    warpgroup_wait_for<1>(acc_s);
+    smem.k_ring.consumer_release(i);
+    float correction[kRows];
+    softmax_of(i, acc_s, kind, correction);
     warpgroup_wait_for<0>(acc_o, rP);
+    smem.v_ring.consumer_release(i - 1);
+    OnlineSoftmax<kRows>::rescale(acc_o, correction);
+    copy(convert_to<Element>(acc_s), rP);
   };
 
   // The first tile takes the masked (or softcapped) body even where it needs no mask: one tile, at a small cost.
   if (num_tiles > 0) {
-    if (p.softcap_prescale != 0.f) {
-      step(0, Int<kSoftcapped>{}, true_type{});
-      for (int i = 1; i < num_tiles; ++i) step(i, Int<kSoftcapped>{}, false_type{});  // no plain tiles
-    } else {
-      step(0, Int<kMasked>{}, true_type{});
-      for (int i = 1; i < num_general; ++i) step(i, Int<kMasked>{}, false_type{});
-      for (int i = max(num_general, 1); i < num_tiles; ++i) step(i, Int<kPlain>{}, false_type{});
+    {
+      Tensor acc_s = partition_fragment_C(mma_s, tile_s);
+      smem.k_ring.consumer_wait(0);
+      warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, 0), acc_s);
+      warpgroup_wait_for<0>(acc_s);
+      smem.k_ring.consumer_release(0);
+      float correction[kRows];  // O is still zero
+      if (p.softcap_prescale != 0.f) {
+        softmax_of(0, acc_s, Int<kSoftcapped>{}, correction);
+      } else {
+        softmax_of(0, acc_s, Int<kMasked>{}, correction);
+      }
+      copy(convert_to<Element>(acc_s), rP);
     }
+    if (p.softcap_prescale != 0.f) {
+      for (int i = 1; i < num_tiles; ++i) step(i, Int<kSoftcapped>{});  // no plain tiles
+    } else {
+      for (int i = 1; i < num_general; ++i) step(i, Int<kMasked>{});
+      for (int i = max(num_general, 1); i < num_tiles; ++i) step(i, Int<kPlain>{});
+    }
+    int const last = num_tiles - 1;
+    smem.v_ring.consumer_wait(last);
+    warpgroup_issue<false, true>(mma_o, tOrP, tOrVt(_, _, _, last % T::kStages), acc_o);
+    warpgroup_wait_for<0>(acc_o, rP);
+    smem.v_ring.consumer_release(last);
   }
 
   float inv[kRows], lse[kRows];
@@ -176,7 +230,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   Tensor o_rc = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));                     // (rows, cols)
   static_assert(decltype(size<0, 0>(acc_o))::value == 2, "pairs of adjacent columns");
   float* o_mine = o_buf + o_base.row_base * kStride + o_base.col_base;
-  __syncthreads();  // every warpgroup is done reading Q, K and V
+  named_sync(kConsumersBarrier, kConsumerThreads);  // every warpgroup is done reading Q, K and V
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     CUTE_UNROLL
@@ -186,11 +240,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     }
     if (o_base.col_base == 0) inv_buf[o_base.row_base + get<0>(o_off(r, 0))] = inv[r];  // one thread per quad
   }
-  __syncthreads();
+  named_sync(kConsumersBarrier, kConsumerThreads);
   constexpr int kVecsPerRow = kHeadDim / 8;
   int const rows = min(kBlockM, seq.seqlen_q - m0);
 #pragma unroll 1
-  for (int v = tid; v < kBlockM * kVecsPerRow; v += T::kThreads) {
+  for (int v = tid; v < kBlockM * kVecsPerRow; v += kConsumerThreads) {
     int const row = v / kVecsPerRow;
     int const col = (v % kVecsPerRow) * 8;
     if (row < rows && col < p.head_dim_v) {

@@ -1,26 +1,36 @@
-// Compile-time description of one Hopper forward kernel: wgmma tiles (one warpgroup per 64 query rows), GMMA
-// shared-memory layouts for Q, K and V with two K/V stages, and the cp.async copies that fill them.
+// Compile-time description of one Hopper forward kernel: consumer warpgroups with wgmma tiles (one per 64 query
+// rows), a producer warpgroup that fills the K/V stages, GMMA shared-memory layouts for Q, K and V, the cp.async
+// copies, and the register split between the roles.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "common/cute_utils.cuh"
 #include "sm90/fwd_launch.h"
+#include "sm90/pipeline.cuh"
 
 namespace flashcute::sm90 {
 
 using namespace cute;
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
-struct FwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
+struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the producer warpgroup's K/V copies
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kStages = 2;  // K/V tile i+1 loads while tile i is computed
-  static_assert(kBlockM % 64 == 0 && kThreads == 128 * (kBlockM / 64), "one warpgroup per 64 query rows");
+  static constexpr int kWarps = kWarps_;  // consumer warps (the config's name counts these)
+  static constexpr int kConsumerThreads = kWarps * 32;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;  // consumers first, the producer last
+  static constexpr int kStages = 2;
+  static_assert(kBlockM % 64 == 0 && kConsumerThreads == 128 * (kBlockM / 64), "one warpgroup per 64 query rows");
+  // setmaxnreg budgets (65536 registers per SM, one CTA): the producer only computes addresses.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 65536);
+  // Q is loaded by the consumers themselves, before their first MMA.
+  using GmemLoadQ = typename GmemCopies<Element, kHeadDim, kConsumerThreads>::GmemLoad;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0 && kHeadDim <= 256);
 
   // Rows of 128 bytes (64 elements) take the 128-byte swizzle; head dims that are odd multiples of 32 the 64-byte
@@ -46,9 +56,11 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // all three reused for O (float32) in the epilogue
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
+    TileRing<kStages> k_ring;
+    TileRing<kStages> v_ring;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2,
+  static_assert(kSmemBytes == (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
 

@@ -2,6 +2,7 @@
 binding, layouts, the outputs each aten op returns, their strides against PyTorch's meta functions) with the kernel
 launch replaced by the float64 reference. On the GPU: SDPA's flash backend and varlen_attn give flashcute's own
 functions' bits, forward and backward."""
+import inspect
 import math
 
 import pytest
@@ -142,8 +143,11 @@ def test_varlen_attn_gives_flashcute_bits():
     lengths = (300, 17, 1, 700)
     cu = torch.tensor([0, 300, 317, 318, 1018], dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(sum(lengths), 8, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+    # Causal is is_causal=True in some torch releases and window_size=(-1, 0) in others.
+    causal = ({"is_causal": True} if "is_causal" in inspect.signature(varlen.varlen_attn).parameters
+              else {"window_size": (-1, 0)})
     with provider.enabled():
-        out = varlen.varlen_attn(q, k, v, cu, cu, max(lengths), max(lengths), is_causal=True)
+        out = varlen.varlen_attn(q, k, v, cu, cu, max(lengths), max(lengths), **causal)
     out = out[0] if isinstance(out, tuple) else out
     ref, _ = flashcute.flash_attn_varlen_func(q, k, v, cu, cu, causal=True, max_seqlen_q=700, max_seqlen_k=700)
     assert torch.equal(out, ref)

@@ -1,0 +1,54 @@
+// Warp-specialised kernels on Hopper: a ring of shared-memory tile stages that producer threads fill and consumer
+// warpgroups read, synchronised by mbarriers; named barriers for subsets of the CTA; register reconfiguration.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+namespace flashcute::sm90 {
+
+// Tile i lives in stage i % kStages. full[s] completes once the producer threads' copies of a tile into stage s have
+// landed (cp.async completions arrive on it, one per producer thread); empty[s] once every consumer warp has
+// finished reading it (one arrival per warp). Both flip phase on each use, so the use count picks the parity.
+template <int kStages>
+struct TileRing {
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+
+  // One thread; the CTA synchronises before any other call.
+  CUTE_DEVICE void init(int producer_threads, int consumer_warps) {
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], producer_threads);
+      cutlass::arch::ClusterBarrier::init(&empty[s], consumer_warps);
+    }
+  }
+
+  // Producer: wait until tile i's stage is free (its previous tile released), fill it, then commit.
+  CUTE_DEVICE void producer_acquire(int i) {
+    if (i >= kStages) cutlass::arch::ClusterBarrier::wait(&empty[i % kStages], ((i / kStages) & 1) ^ 1);
+  }
+  // The stage counts as full once every cp.async this thread issued so far has landed.
+  CUTE_DEVICE void producer_commit(int i) { cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % kStages]); }
+
+  // Consumer: wait for tile i, then make the producers' writes (generic proxy) visible to wgmma (async proxy).
+  CUTE_DEVICE void consumer_wait(int i) {
+    cutlass::arch::ClusterBarrier::wait(&full[i % kStages], (i / kStages) & 1);
+    cutlass::arch::fence_view_async_shared();
+  }
+  // Once this warp's MMAs reading tile i have completed (warpgroup_wait).
+  CUTE_DEVICE void consumer_release(int i) {
+    __syncwarp();
+    if (cute::elect_one_sync()) cutlass::arch::ClusterBarrier::arrive(&empty[i % kStages]);
+  }
+};
+
+// Named barriers 1..15 (0 is __syncthreads): sync waits until `threads` threads have arrived, arrive does not wait.
+CUTE_DEVICE void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+CUTE_DEVICE void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace flashcute::sm90
