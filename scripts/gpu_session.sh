@@ -4,10 +4,10 @@
 #   KERNELS  kernel subset regex (default all)      PYTEST_ARGS  pytest arguments (default: all tests; empty: none)
 #   BENCH    bench/run.py arguments, empty to skip  BUILD_ONLY=1 stop after the build
 #   TUNE     kernel config names to time one by one (forced with FLASHCUTE_CONFIG), e.g. sm80_fwd_bf16_hd128_m128n64w8;
-#            each is timed in its own direction (fwd or bwd, from the name)
+#            each is timed in its own direction (fwd or bwd, from the name), at TUNE_SEQLEN (default 2k,8k)
 #   PYTEST_TIMEOUT  seconds for the pytest run (default 300); TEST_TIMEOUT the same for each C++ test binary
-#   SANITIZE=1  also run compute-sanitizer memcheck and racecheck on tests/cpp/test_gpu_kernels (SANITIZE=memcheck:
-#               memcheck alone)
+#   SANITIZE=1  also run compute-sanitizer memcheck, racecheck and synccheck on tests/cpp/test_gpu_kernels
+#               (SANITIZE=memcheck: memcheck alone)
 #   PREBUILT    a folder holding lib/libflashcute.so and tests/cpp/test_* built elsewhere (scripts/prebuild.sh):
 #               no build here; the test binaries run directly instead of through ctest
 #   FUZZ        run the long fuzz (tests/python/test_fuzz.py -m fuzz) with this many cases
@@ -36,11 +36,11 @@ for t in "$dir"/tests/cpp/test_*; do
 done
 if [ "${SANITIZE:-0}" != 0 ]; then
   # memcheck over every test (adversarial varlen offsets included); racecheck over the kernel shapes
-  tools="memcheck racecheck"
+  tools="memcheck racecheck synccheck"
   [ "${SANITIZE}" = memcheck ] && tools=memcheck
   for tool in $tools; do
     filter='*'
-    [ "$tool" = racecheck ] && filter='Shapes/*:GpuKernelsEmpty*'
+    [ "$tool" != memcheck ] && filter='Shapes/*:GpuKernelsEmpty*'
     timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "$dir/tests/cpp/test_gpu_kernels" \
       --gtest_filter="$filter" > "$out/sanitizer-$tool.txt" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.txt" | tail -n1))"
@@ -68,6 +68,6 @@ for cfg in ${TUNE:-}; do
   dt="$(echo "$cfg" | sed -E 's/.*_(bf16|fp16)_.*/\1/')"
   mode="$(echo "$cfg" | sed -E 's/.*_(fwd|bwd)_.*/\1/')"
   FLASHCUTE_CONFIG="$cfg" python3 bench/run.py --mode "$mode" --impl flashcute --dtype "$dt" --hdim "$hd" \
-    --seqlen 2k,8k --causal 0,1 --no-plots --no-ceilings --out "$out/tune" 2>&1 |
+    --seqlen "${TUNE_SEQLEN:-2k,8k}" --causal 0,1 --no-plots --no-ceilings --out "$out/tune" 2>&1 |
     grep -E '^ *[0-9]+ +(no|yes)' | sed "s/^/$cfg /" | tee -a "$out/tune.txt"
 done

@@ -25,7 +25,7 @@ NEEDS = {"sm80": "arch::kMmaSync | arch::kCpAsync | arch::kLdmatrix",
 def smem_bytes(family, direction, head_dim, block_m, block_n, warps):
     # Must equal sizeof(SharedStorage) of the kernel; the kernel static_asserts it.
     if direction == "fwd":
-        if family == "sm90":  # two K/V stages, then the stages' mbarriers padded to 1 KB
+        if family == "sm90":  # two K/V stages, then their mbarriers padded to 1 KB
             return (block_m + 2 * 2 * block_n) * head_dim * 2 + 1024
         return (block_m + 2 * block_n) * head_dim * 2
     if direction == "bwd" and family == "sm90":

@@ -23,6 +23,7 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
   static constexpr int kConsumerThreads = kWarps * 32;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;  // consumers first, the producer last
+  // Two K/V stages: three (hd64-128) measured no faster (bench/RESULTS.md, eighth session, run 4).
   static constexpr int kStages = 2;
   static_assert(kBlockM % 64 == 0 && kConsumerThreads == 128 * (kBlockM / 64), "one warpgroup per 64 query rows");
   // setmaxnreg budgets (65536 registers per SM, one CTA): the producer only computes addresses.

@@ -31,11 +31,10 @@ struct TileRing {
   // The stage counts as full once every cp.async this thread issued so far has landed.
   CUTE_DEVICE void producer_commit(int i) { cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % kStages]); }
 
-  // Consumer: wait for tile i, then make the producers' writes (generic proxy) visible to wgmma (async proxy).
-  CUTE_DEVICE void consumer_wait(int i) {
-    cutlass::arch::ClusterBarrier::wait(&full[i % kStages], (i / kStages) & 1);
-    cutlass::arch::fence_view_async_shared();
-  }
+  // Consumer: wait for tile i. No proxy fence between the cp.async writes and the wgmma reads, as CUTLASS's own
+  // cp.async + wgmma mainloop (sm90_mma_multistage_gmma_ss_warpspecialized.hpp) has none: the fence per tile cost
+  // 1-6% (bench/RESULTS.md, eighth session, run 4) and the forward grid passes without it.
+  CUTE_DEVICE void consumer_wait(int i) { cutlass::arch::ClusterBarrier::wait(&full[i % kStages], (i / kStages) & 1); }
   // Once this warp's MMAs reading tile i have completed (warpgroup_wait).
   CUTE_DEVICE void consumer_release(int i) {
     __syncwarp();
