@@ -49,10 +49,13 @@ def attention(backend, q, k, v, dout, mesh=None):
             out = F.scaled_dot_product_attention(*leaves, is_causal=True)
             out.backward(dout)
             return [out.detach()] + [t.grad for t in leaves]
-        buffers = leaves + [dout]
+        # The shards replace the buffers' storage in place, which PyTorch refuses for tensors that require grad:
+        # they become leaves inside the context.
+        buffers = [t.detach().clone() for t in (q, k, v)] + [dout]
         with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)):
+            leaves = [t.requires_grad_() for t in buffers[:3]]
             out = F.scaled_dot_product_attention(*leaves, is_causal=True)
-            out.backward(dout)
+            out.backward(buffers[3])
         return list(context_parallel_unshard(mesh, [out.detach()] + [t.grad for t in leaves], [2] * 4))
 
 
