@@ -27,14 +27,50 @@ enum FwdBarrier : int {
   kTurnBarrier0 = 2,      // kTurnBarrier0 + w: consumer warpgroup w may issue its MMAs
 };
 
-// Producer warpgroup: K_i and V_i for every visible tile i, in the consumers' order, each into its ring's stage.
+// What the kernel takes: the family-neutral params and the TMA copies of K and V, which run_fwd builds on the host
+// (src/sm90/fwd_launch.cuh) where use_tma says they serve: fixed-length batches. Varlen batches load with cp.async.
 template <class T>
-CUTE_DEVICE void fwd_load(FwdKernelParams const& p, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
+struct FwdParams {
+  FwdKernelParams p;
+  typename T::TmaKV tma_k, tma_v;
+  bool use_tma;
+};
+
+// Producer warpgroup: K_i and V_i for every visible tile i, in the consumers' order, each into its ring's stage:
+// one thread issuing TMA copies, or all of them issuing cp.async.
+template <class T>
+CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
                           typename T::SharedStorage& smem, int ptid) {
   using Element = typename T::Element;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
+  FwdKernelParams const& p = params.p;
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
+  if (params.use_tma) {
+    if (ptid != 0) return;
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));
+    Tensor gK = local_tile(mK(_, _, blk.h_kv, blk.b), tile_kv, make_coord(_, 0));  // (kBlockN, D, n)
+    Tensor gV = local_tile(mV(_, _, blk.h_kv, blk.b), tile_kv, make_coord(_, 0));
+    auto tma_k = params.tma_k.get_slice(_0{});
+    auto tma_v = params.tma_v.get_slice(_0{});
+    Tensor tKgK = group_modes<0, 3>(tma_k.partition_S(gK));  // (TMA, n)
+    Tensor tKsK = group_modes<0, 3>(tma_k.partition_D(sK));  // (TMA, stage)
+    Tensor tVgV = group_modes<0, 3>(tma_v.partition_S(gV));
+    Tensor tVsV = group_modes<0, 3>(tma_v.partition_D(sV));
+#pragma unroll 1
+    for (int i = 0; i < blk.num_tiles; ++i) {
+      int const n = blk.tile_of(i);
+      int const stage = i % T::kStages;
+      smem.k_ring.producer_acquire(i);
+      copy(params.tma_k.with(smem.k_ring.producer_expect(i, T::kTmaBytes)), tKgK(_, n), tKsK(_, stage));
+      smem.v_ring.producer_acquire(i);
+      copy(params.tma_v.with(smem.v_ring.producer_expect(i, T::kTmaBytes)), tVgV(_, n), tVsV(_, stage));
+    }
+    return;
+  }
   SeqInfo const& seq = blk.seq;
   Tensor mK = make_tensor(make_gmem_ptr(blk.template k<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(p.k_row_stride, _1{}));  // (Sk, D)
@@ -42,8 +78,6 @@ CUTE_DEVICE void fwd_load(FwdKernelParams const& p, FwdBlock<T::kBlockM, T::kBlo
                           make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
   Tensor gK = local_tile(mK, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
   Tensor gV = local_tile(mV, tile_kv, make_coord(_, 0));
-  Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
   typename T::GmemLoad gmem_load;
   auto load_thr = gmem_load.get_thread_slice(ptid);
   Tensor tKgK = load_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
@@ -71,7 +105,7 @@ CUTE_DEVICE void fwd_load(FwdKernelParams const& p, FwdBlock<T::kBlockM, T::kBlo
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdKernelParams const p) {
+__global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
@@ -83,20 +117,22 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   int const tid = threadIdx.x;
+  FwdKernelParams const& p = params.p;
 
   FwdBlock<kBlockM, kBlockN> blk;
   if (!blk.init(p)) return;
   blk.plan_tiles(p);
   if (tid == 0) {
-    smem.k_ring.init(T::kProducerThreads, kConsumerThreads / 32);
-    smem.v_ring.init(T::kProducerThreads, kConsumerThreads / 32);
+    int const producers = params.use_tma ? 1 : T::kProducerThreads;
+    smem.k_ring.init(producers, kConsumerThreads / 32);
+    smem.v_ring.init(producers, kConsumerThreads / 32);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: the roles part here
 
   if (tid >= kConsumerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    fwd_load<T>(p, blk, smem, tid - kConsumerThreads);
+    fwd_load<T>(params, blk, smem, tid - kConsumerThreads);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();

@@ -8,15 +8,48 @@
 
 namespace flashcute::sm90 {
 
+// The TMA copy of a (seqlen, head_dim, heads, batch) tensor. The API guarantees 16-byte aligned rows; a stride of 0
+// (a dimension of size 1, see normalized() in src/api/validate.cpp) becomes 16 bytes, which TMA accepts.
+template <class T>
+auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch, int64_t row_stride,
+                 int64_t head_stride, int64_t batch_stride) {
+  using Element = typename T::Element;
+  auto nonzero = [](int64_t s) { return s ? s : int64_t(16 / sizeof(Element)); };
+  Tensor t = make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                         make_shape(seqlen, head_dim, heads, batch),
+                         make_stride(nonzero(row_stride), _1{}, nonzero(head_stride), nonzero(batch_stride)));
+  return make_tma_copy(SM90_TMA_LOAD{}, t, take<0, 2>(typename T::SmemLayoutKV{}),
+                       Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
+}
+
+// TMA needs every stride below 2^40 bytes; elsewhere, and for varlen batches (whose rows past a sequence belong to
+// the next one, not zeros), the producer uses cp.async.
+inline bool tma_strides_fit(FwdKernelParams const& p) {
+  int64_t const limit = (int64_t(1) << 39) / 2;  // elements of 2 bytes, with a factor 2 to spare
+  for (int64_t s : {p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.v_row_stride, p.v_head_stride,
+                    p.v_batch_stride})
+    if (s < 0 || s >= limit) return false;
+  return true;
+}
+
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
   auto kernel = &fwd_kernel<T>;
   constexpr int smem = T::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
+  FwdParams<T> params{};
+  params.p = p;
+  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_strides_fit(p);
+  if (params.use_tma) {
+    params.tma_k = make_kv_tma<T>(p.k, p.seqlen_k, p.head_dim, p.nheads_kv, p.batch, p.k_row_stride,
+                                  p.k_head_stride, p.k_batch_stride);
+    params.tma_v = make_kv_tma<T>(p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride,
+                                  p.v_head_stride, p.v_batch_stride);
+  }
   // Varlen: seqlen_q is the longest sequence; tiles past a shorter sequence exit at once.
   dim3 const grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.nheads, p.batch);
-  kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(params);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,7 @@
 // copies, and the register split between the roles.
 #pragma once
 
+#include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/tensor.hpp>
 
 #include "common/cute_utils.cuh"
@@ -51,6 +52,15 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomLayout{}));
+
+  // TMA (fixed-length batches): K and V as (seqlen, head_dim, heads, batch) tensors, one K/V stage per copy; rows
+  // past the sequence and columns past the head dim arrive as zeros.
+  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaKV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
+      take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kTmaBytes = kBlockN * kHeadDim * sizeof(Element);
 
   struct SharedStorage {
     // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).

@@ -7,9 +7,10 @@
 
 namespace flashcute::sm90 {
 
-// Tile i lives in stage i % kStages. full[s] completes once the producer threads' copies of a tile into stage s have
-// landed (cp.async completions arrive on it, one per producer thread); empty[s] once every consumer warp has
-// finished reading it (one arrival per warp). Both flip phase on each use, so the use count picks the parity.
+// Tile i lives in stage i % kStages. full[s] completes once a tile's copies into stage s have landed: either every
+// producer thread's cp.async completions (one arrival per thread) or one TMA copy (one arrival that also expects
+// the copy's bytes); empty[s] once every consumer warp has finished reading it (one arrival per warp). Both flip
+// phase on each use, so the use count picks the parity.
 template <int kStages>
 struct TileRing {
   uint64_t full[kStages];
@@ -28,8 +29,13 @@ struct TileRing {
   CUTE_DEVICE void producer_acquire(int i) {
     if (i >= kStages) cutlass::arch::ClusterBarrier::wait(&empty[i % kStages], ((i / kStages) & 1) ^ 1);
   }
-  // The stage counts as full once every cp.async this thread issued so far has landed.
+  // cp.async: the stage counts as full once every cp.async this thread issued so far has landed.
   CUTE_DEVICE void producer_commit(int i) { cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % kStages]); }
+  // TMA (one producer thread): the barrier a copy of `bytes` into tile i's stage completes.
+  CUTE_DEVICE uint64_t& producer_expect(int i, uint32_t bytes) {
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[i % kStages], bytes);
+    return full[i % kStages];
+  }
 
   // Consumer: wait for tile i. No proxy fence between the cp.async writes and the wgmma reads, as CUTLASS's own
   // cp.async + wgmma mainloop (sm90_mma_multistage_gmma_ss_warpspecialized.hpp) has none: the fence per tile cost
