@@ -94,20 +94,12 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalise acc_o and return each row's lse (natural log) in lse[]; rows that saw no key give out 0, lse -inf.
+  // Normalise acc_o and return each row's lse (natural log); rows that saw no key give out 0, lse -inf.
   template <class AccO>
-  CUTE_DEVICE void finalize(AccO& acc_o, float scale_log2, float (&lse)[kRows]) {
-    Tensor o = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));
-    constexpr float kLn2 = 0.6931471805599453f;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float const sum = quad_allreduce(row_sum[r], SumOp{});
-      bool const empty = sum == 0.f || sum != sum;
-      float const inv = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
-    }
+  CUTE_DEVICE void finalize(AccO& acc_o, float scale_log2, float (&lse)[kRows]) const {
+    float inv[kRows];
+    finish(scale_log2, inv, lse);
+    rescale(acc_o, inv);
   }
 };
 

@@ -12,6 +12,7 @@
 
 #include "common/cute_utils.cuh"
 #include "common/fwd_block.cuh"
+#include "common/fwd_epilogue.cuh"
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
 #include "common/softmax.cuh"
@@ -295,18 +296,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     }
   }
 
-  if (p.lse) {
-    Tensor cO = thr_o.partition_C(make_identity_tensor(tile_q));
-    Tensor cO_rc = make_tensor(cO.data(), acc_as_rowcol(cO.layout()));
-    float* lse_ptr = p.lse + seq.lse_offset(p, b, h);
-    if (get<1>(cO_rc(0, 0)) == 0) {  // one thread of each quad holds column 0 of its rows
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        int const row = m0 + get<0>(cO_rc(r, 0));
-        if (row < seq.seqlen_q) lse_ptr[row] = lse[r];
-      }
-    }
-  }
+  store_lse(p, thr_o, tile_q, seq, b, h, m0, lse);
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
 #endif
