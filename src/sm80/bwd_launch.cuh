@@ -2,7 +2,7 @@
 #pragma once
 
 #include "sm80/bwd_kernel.cuh"
-#include "sm80/bwd_passes.cuh"
+#include "common/bwd_passes.cuh"
 
 namespace flashcute::sm80 {
 

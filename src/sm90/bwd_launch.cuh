@@ -1,15 +1,15 @@
 // Definition of the Hopper backward launcher; instantiated once per config by the generated .cu files, which are
-// compiled for sm_90a only. The preprocess and conversion passes are the portable family's.
+// compiled for sm_90a only. The preprocess and conversion passes (common/bwd_passes.cuh) serve both families.
 #pragma once
 
-#include "sm80/bwd_passes.cuh"
+#include "common/bwd_passes.cuh"
 #include "sm90/bwd_kernel.cuh"
 
 namespace flashcute::sm90 {
 
 template <class T>
 int run_bwd(BwdKernelParams const& p, void* stream) {
-  return sm80::run_bwd_passes<T>(p, stream, &bwd_kernel<T>);
+  return run_bwd_passes<T>(p, stream, &bwd_kernel<T>);
 }
 
 }  // namespace flashcute::sm90

@@ -13,7 +13,7 @@
 
 #include "common/kernel_params.h"
 
-namespace flashcute::sm80 {
+namespace flashcute {
 
 struct BwdRowKernel {
   static constexpr int kThreads = 256;
@@ -103,4 +103,4 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
   }
 }
 
-}  // namespace flashcute::sm80
+}  // namespace flashcute

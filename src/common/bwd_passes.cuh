@@ -6,11 +6,11 @@
 
 #include <cuda_runtime.h>
 
+#include "common/bwd_postprocess.cuh"
+#include "common/bwd_preprocess.cuh"
 #include "common/kernel_params.h"
-#include "sm80/bwd_postprocess.cuh"
-#include "sm80/bwd_preprocess.cuh"
 
-namespace flashcute::sm80 {
+namespace flashcute {
 
 template <class T, class Kernel>
 int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
@@ -54,4 +54,4 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
   return cudaGetLastError();
 }
 
-}  // namespace flashcute::sm80
+}  // namespace flashcute

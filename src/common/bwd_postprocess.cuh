@@ -14,9 +14,9 @@
 
 #include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
-#include "sm80/bwd_preprocess.cuh"  // BwdRowKernel
+#include "common/bwd_preprocess.cuh"  // BwdRowKernel
 
-namespace flashcute::sm80 {
+namespace flashcute {
 
 // rows x cols (cols < the accumulator's width, a multiple of 8) of a row-major float32 tile, times scale, into
 // Element rows; one 16-byte store per 8 elements.
@@ -113,4 +113,4 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
   convert_rows(dv, p.dv_row_stride, p.dv_accum + acc_off, acc_stride, rows, p.head_dim_v, 1.f);
 }
 
-}  // namespace flashcute::sm80
+}  // namespace flashcute
