@@ -73,13 +73,21 @@ flashcute_status_t check_device_pointers(std::initializer_list<NamedPointer> ptr
 }
 
 // The profile in force on the current device and the config dispatch picks under it.
+// smem_request (optional): the mainloop's dynamic shared memory, padded under FLASHCUTE_ARCH so the device holds
+// as many of its CTAs per SM as the emulated profile would.
 flashcute_status_t choose_config(flashcute_direction_t dir, flashcute_fwd_params const& p, KernelConfig const** cfg,
-                                 int* device_sm) {
+                                 int* device_sm, int* smem_request = nullptr) {
   arch::Profile const* profile = nullptr;
   if (auto s = current_profile(&profile, device_sm)) return s;
   std::string why;
   *cfg = select_config(problem_of(dir, p), *profile, &why, std::getenv("FLASHCUTE_CONFIG"), config_built);
   if (!*cfg) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why + " (profile " + profile->name + ")");
+  if (smem_request) {
+    arch::Profile const* device = arch::find_profile(*device_sm);
+    *smem_request = device && device != profile
+                        ? arch::emulated_smem_request(*profile, *device, (*cfg)->smem_bytes, (*cfg)->warps * 32)
+                        : (*cfg)->smem_bytes;
+  }
   return FLASHCUTE_SUCCESS;
 }
 
@@ -200,8 +208,8 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
     if (auto s = validate_fwd(&p, Target::kDevice)) return s;
     if (!fwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
     KernelConfig const* cfg = nullptr;
-    int device_sm = 0;
-    if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm)) return s;
+    int device_sm = 0, smem_request = 0;
+    if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm, &smem_request)) return s;
     if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
                                         {p.workspace, "workspace"}}))
       return s;
@@ -210,6 +218,7 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
     FwdLaunchFn launch = find_fwd_launcher(cfg->name);
     if (!launch && fwd_has_work(p)) return not_built(*cfg);
     FwdKernelParams k = kernel_params(p);
+    k.smem_request = smem_request;
     if (auto s = prepare_varlen(p, p.workspace, k, stream)) return s;
     if (!fwd_has_work(p)) return FLASHCUTE_SUCCESS;
     return launch_status(launch(k, stream), cfg->name, device_sm);
@@ -224,8 +233,8 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     auto const& p = bp.fwd;
     if (!bwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
     KernelConfig const* cfg = nullptr;
-    int device_sm = 0;
-    if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm)) return s;
+    int device_sm = 0, smem_request = 0;
+    if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm, &smem_request)) return s;
     if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
                                         {bp.dout, "dout"}, {bp.dlse, "dlse"}, {bp.dq, "dq"}, {bp.dk, "dk"},
                                         {bp.dv, "dv"}, {bp.workspace, "workspace"}}))
@@ -238,6 +247,7 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     char* base = static_cast<char*>(bp.workspace);
     BwdKernelParams k{};
     static_cast<FwdKernelParams&>(k) = kernel_params(p);
+    k.smem_request = smem_request;
     if (auto s = prepare_varlen(p, base + ws.seq_spans, k, stream)) return s;
     if (!bwd_has_work(p)) return FLASHCUTE_SUCCESS;
     k.dout = bp.dout;

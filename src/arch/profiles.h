@@ -52,6 +52,31 @@ inline constexpr Profile kProfiles[] = {
 
 inline constexpr int kNumProfiles = sizeof(kProfiles) / sizeof(kProfiles[0]);
 
+// Occupancy: how many CTAs of `smem` bytes of dynamic shared memory and `threads` threads one multiprocessor of the
+// profile holds (registers aside: every profile has the same 64K per SM). The CUDA runtime reserves 1 KB of shared
+// memory per CTA on every profile here.
+constexpr int kReservedSmemPerCta = 1024;
+constexpr int kMaxCtasPerSm = 32;
+
+constexpr int ctas_per_sm(Profile const& p, int smem, int threads) {
+  int const warps = (threads + 31) / 32;
+  int const by_smem = p.smem_per_sm / (smem + kReservedSmemPerCta);
+  int const by_warps = warps > 0 ? p.max_warps_per_sm / warps : kMaxCtasPerSm;
+  int const n = by_smem < by_warps ? by_smem : by_warps;
+  return n < kMaxCtasPerSm ? n : kMaxCtasPerSm;
+}
+
+// Under FLASHCUTE_ARCH, a kernel sized for `emulated` runs on `device`, whose multiprocessors may hold more of its
+// CTAs. The dynamic shared memory to request so that they hold as many as on the emulated part: at least `smem`,
+// padded until the device's count drops to the emulated one (at most the device's per-CTA limit).
+constexpr int emulated_smem_request(Profile const& emulated, Profile const& device, int smem, int threads) {
+  int const want = ctas_per_sm(emulated, smem, threads);
+  if (want <= 0 || ctas_per_sm(device, smem, threads) <= want) return smem;
+  int const padded = device.smem_per_sm / want - kReservedSmemPerCta;
+  int const request = padded > smem ? padded : smem;
+  return request < device.smem_per_block_optin ? request : device.smem_per_block_optin;
+}
+
 constexpr Profile const* find_profile(int sm) {
   for (Profile const& p : kProfiles)
     if (p.sm == sm) return &p;

@@ -50,6 +50,10 @@ struct FwdKernelParams {
   // Varlen: where each sequence lives, clamped from the caller's offsets by the prepare pass
   // (src/api/varlen_prepare.cu); null for the fixed-length batch.
   SeqSpan const* seq_spans;
+
+  // Host only: dynamic shared memory the launcher requests for the mainloop kernel when more than the kernel's
+  // own (FLASHCUTE_ARCH emulation pads it so the CTAs per SM match the emulated profile; arch::emulated_smem_request).
+  int smem_request;
 };
 
 struct BwdKernelParams : FwdKernelParams {

@@ -35,7 +35,7 @@ inline bool tma_strides_fit(FwdKernelParams const& p) {
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
   auto kernel = &fwd_kernel<T>;
-  constexpr int smem = T::kSmemBytes;
+  int const smem = p.smem_request > T::kSmemBytes ? p.smem_request : T::kSmemBytes;  // padded under FLASHCUTE_ARCH
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};

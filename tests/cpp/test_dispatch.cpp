@@ -142,6 +142,40 @@ TEST(Profiles, EveryDeclaredArchIsPresentAndSane) {
   EXPECT_EQ(arch::find_profile(120)->smem_per_block_optin, 101376);
 }
 
+// FLASHCUTE_ARCH emulation pads the mainloop's shared memory so the H200 holds as many CTAs per SM as the emulated
+// part: every config that dispatch picks under a smaller profile, run on sm_90, gets the emulated CTA count.
+TEST(Occupancy, EmulationPadsSharedMemoryToTheEmulatedCtaCount) {
+  arch::Profile const& h200 = *arch::find_profile(90);
+  arch::Profile const& rtx50 = *arch::find_profile(120);
+  // The portable hd128 forward tile: 48 KB, 4 warps. Two CTAs fit a 100 KB part, four an H200.
+  EXPECT_EQ(arch::ctas_per_sm(rtx50, 49152, 128), 2);
+  EXPECT_EQ(arch::ctas_per_sm(h200, 49152, 128), 4);
+  int const padded = arch::emulated_smem_request(rtx50, h200, 49152, 128);
+  EXPECT_EQ(arch::ctas_per_sm(h200, padded, 128), 2);
+  EXPECT_LE(padded, h200.smem_per_block_optin);
+  // Warps limit too: 48 per SM on sm_120 against 64 (16-warp CTAs: 3 against 4).
+  EXPECT_EQ(arch::ctas_per_sm(arch::find_profile(120)[0], 1024, 512), 3);
+  EXPECT_EQ(arch::ctas_per_sm(h200, arch::emulated_smem_request(rtx50, h200, 1024, 512), 512), 3);
+  // The device's own profile, or a tile already as large on both: nothing changes.
+  EXPECT_EQ(arch::emulated_smem_request(h200, h200, 49152, 128), 49152);
+  EXPECT_EQ(arch::emulated_smem_request(*arch::find_profile(80), h200, 160000, 256), 160000);
+
+  int n = 0;
+  KernelConfig const* table = all_configs(&n);
+  for (int sm : {80, 86, 89, 120}) {
+    arch::Profile const& emulated = *arch::find_profile(sm);
+    for (int i = 0; i < n; ++i) {
+      KernelConfig const& c = table[i];
+      if (c.family != Family::kSm80 || c.smem_bytes > emulated.smem_per_block_optin) continue;
+      int const threads = c.warps * 32;
+      int const want = arch::ctas_per_sm(emulated, c.smem_bytes, threads);
+      int const got = arch::ctas_per_sm(h200, arch::emulated_smem_request(emulated, h200, c.smem_bytes, threads),
+                                        threads);
+      EXPECT_EQ(got, want) << c.name << " under sm_" << sm;
+    }
+  }
+}
+
 TEST(Dispatch, ForcedConfigIsUsedOnlyWhereItServesAndFits) {
   arch::Profile const& h200 = *arch::find_profile(90);
   Problem const fwd128{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128};
