@@ -6,6 +6,7 @@
 
 #include "common/kernel_params.h"
 #include "common/mask.h"
+#include "common/tile_scheduler.cuh"
 
 namespace flashcute {
 
@@ -19,12 +20,12 @@ struct FwdBlock {
   int num_top, num_general, num_tiles;
   int n_plain_lo, n_plain_hi;
 
-  // Largest query tiles first: under causal masks they have the most keys, so the tail of the grid is short.
-  // Returns false (and the CTA has nothing to do) past the end of a shorter varlen sequence.
+  // The scheduler's tile; false (and the CTA has nothing to do) past the end of a shorter varlen sequence.
   CUTE_DEVICE bool init(FwdKernelParams const& p) {
-    m_block = gridDim.x - 1 - blockIdx.x;
-    h = blockIdx.y;
-    b = blockIdx.z;
+    FwdTile const t = FwdTileScheduler<kBlockM>::tile();
+    m_block = t.m_block;
+    h = t.h;
+    b = t.b;
     seq = SeqInfo::make(p, b);
     m0 = m_block * kBlockM;
     if (m0 >= seq.seqlen_q) return false;

@@ -15,8 +15,7 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  // Varlen: seqlen_q is the longest sequence; tiles past a shorter sequence exit at once.
-  dim3 const grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.nheads, p.batch);
+  dim3 const grid = FwdTileScheduler<T::kBlockM>::grid(p);
   kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
   return cudaGetLastError();
 }

@@ -47,8 +47,7 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
     params.tma_v = make_kv_tma<T>(p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride,
                                   p.v_head_stride, p.v_batch_stride);
   }
-  // Varlen: seqlen_q is the longest sequence; tiles past a shorter sequence exit at once.
-  dim3 const grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.nheads, p.batch);
+  dim3 const grid = FwdTileScheduler<T::kBlockM>::grid(p);
   kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(params);
   return cudaGetLastError();
 }
