@@ -10,7 +10,8 @@ except ModuleNotFoundError:  # the ctypes layer and `python -m flashcute.info` w
 else:  # (as _torch: the name flashcute.torch belongs to the PyTorch provider submodule)
     from . import ops as _ops
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "version", "build_info", "FlashCuteError"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_backward", "version", "build_info",
+           "FlashCuteError"]
 
 
 def _arguments(q, softmax_scale, causal, window_size, softcap, deterministic):
@@ -24,23 +25,60 @@ def _arguments(q, softmax_scale, causal, window_size, softcap, deterministic):
             _ops.real(softcap, "softcap"), _ops.flag(deterministic, "deterministic"))
 
 
+def _no_autograd(name, tensors):
+    """Caller buffers (out=, lse=) are written in place, which autograd cannot follow."""
+    if _torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise ValueError(f"{name} writes into caller buffers, which autograd cannot track: call it under "
+                         "torch.no_grad() or with inputs that do not require grad")
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
-                    deterministic=False):
+                    deterministic=False, out=None, lse=None):
     """Attention over q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns (out, lse).
 
     out is (B, Sq, H, Dv) in q's dtype; lse is (B, H, Sq) float32 (float64 for float64 inputs), natural log.
     window_size = (left, right), None or negative meaning unbounded; causal sets right = 0.
     Differentiable through both out and lse. Empty inputs (B = 0, Sq = 0) give empty outputs; Sk = 0 gives
     rows that see no key (out 0, lse -inf).
+
+    out= and lse= (either or both) are buffers of those shapes and dtypes to write into, returned as the result;
+    any strides. Without autograd only (flash_attn_backward takes the gradient buffers).
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_func needs torch")
-    return _ops.fwd(q, k, v, *_arguments(q, softmax_scale, causal, window_size, softcap, deterministic))
+    args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
+    if out is None and lse is None:
+        return _ops.fwd(q, k, v, *args)
+    _no_autograd("flash_attn_func(out=, lse=)", (q, k, v))
+    _ops._check_inputs(q, k, v)
+    if out is None:
+        out = q.new_empty((*q.shape[:3], v.shape[3]))
+    if lse is None:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_ops._lse_dtype(q.dtype))
+    _ops.fwd_into(q, k, v, out, lse, *args[:-1])
+    return out, lse
+
+
+def flash_attn_backward(dout, q, k, v, out, lse, dlse=None, softmax_scale=None, causal=False,
+                        window_size=(None, None), softcap=0.0, deterministic=False, dq=None, dk=None, dv=None):
+    """The gradients of flash_attn_func's (out, lse) with respect to q, k, v, given dout (and dlse, None for
+    zero), without autograd: returns (dq, dk, dv), written into dq=, dk=, dv= where given (any strides; shapes and
+    dtypes of q, k, v). The other arguments must be those of the forward call that gave out and lse.
+    """
+    if _torch is None:
+        raise ModuleNotFoundError("flash_attn_backward needs torch")
+    args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
+    _ops._check_bwd(dout, dlse, q, k, v, out, lse)
+    dq, dk, dv = (_torch.empty_like(t) if g is None else g for g, t in ((dq, q), (dk, k), (dv, v)))
+    deterministic = args[-1] or _torch.are_deterministic_algorithms_enabled()
+    with _torch.no_grad():
+        _ops.bwd_into(dout, dlse, q, k, v, out, lse, dq, dk, dv, *args[:-1], deterministic)
+    return dq, dk, dv
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
                            window_size=(None, None), softcap=0.0, deterministic=False, seqused_k=None,
-                           max_seqlen_q=None, max_seqlen_k=None, seqused_q=None):
+                           max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, out=None, lse=None):
     """Attention over sequences packed along the rows: q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
 
     cu_seqlens_q / cu_seqlens_k are int32 (batch + 1) offsets of each sequence's first row (sequence b is rows
@@ -55,6 +93,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=No
     clamped sequences, never an out-of-bounds access). Left out, the offsets are copied to the host (one small
     copy per call, not allowed under graph capture), checked against the tensors (ValueError), and their maxima
     taken.
+
+    out= and lse= are buffers to write into, as for flash_attn_func (without autograd).
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_varlen_func needs torch")
@@ -67,5 +107,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=No
         maxima.append(-1 if value is None else int(value))
     scale, causal, left, right, softcap, deterministic = _arguments(q, softmax_scale, causal, window_size, softcap,
                                                                     deterministic)
-    return _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, *maxima, scale, causal, left, right,
-                           softcap, deterministic)
+    seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
+    if out is None and lse is None:
+        return _ops.varlen_fwd(q, k, v, *seqs, *maxima, scale, causal, left, right, softcap, deterministic)
+    _no_autograd("flash_attn_varlen_func(out=, lse=)", (q, k, v))
+    _ops._check_varlen(q, k, v, *seqs, *maxima)
+    if out is None:
+        out = q.new_empty((*q.shape[:2], v.shape[2]))
+    if lse is None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_ops._lse_dtype(q.dtype))
+    _ops.varlen_fwd_into(q, k, v, out, lse, *seqs, *maxima, scale, causal, left, right, softcap)
+    return out, lse

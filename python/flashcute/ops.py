@@ -150,13 +150,16 @@ def _check_grad_inputs(q, out, dout, lse, dlse, out_shape, lse_shape):
             raise ValueError(f"{name} must have dtype {dtype} on CUDA, got {t.dtype}")
 
 
-def _kernel_ready(t):
-    """t itself when the kernels can read it as it is (16-byte aligned rows, contiguous last dimension), else a
-    contiguous copy: any strided or offset view is accepted, and the C library's alignment rules never fire."""
+def _aligned_rows(t):
+    """Whether the kernels can address t where it is: 16-byte aligned rows, contiguous last dimension."""
     aligned = t.data_ptr() % 16 == 0 and all(st % 8 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
-    if aligned and (t.stride(-1) == 1 or t.shape[-1] <= 1):
-        return t
-    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+    return aligned and (t.stride(-1) == 1 or t.shape[-1] <= 1)
+
+
+def _kernel_ready(t):
+    """t itself when the kernels can read it as it is, else a contiguous copy: any strided or offset view is
+    accepted, and the C library's alignment rules never fire."""
+    return t if _aligned_rows(t) else torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
 
 
 def _ptr(t):
@@ -503,3 +506,124 @@ def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sequ
 
 
 _register_autograd(varlen_fwd, varlen_bwd, 4)
+
+
+# Outputs into caller buffers (FlashAttention-4's out=, lse=, dq=, dk=, dv=): mutating ops, for calls without
+# autograd. On CUDA the kernels write straight into a buffer they can address (16-byte aligned rows; lse contiguous
+# along its rows), otherwise into a temporary that is then copied over; on the CPU the reference's result is copied.
+
+def _check_buffers(q, buffers):
+    """buffers: (name, tensor, shape, dtype) of each caller buffer."""
+    for name, t, shape, dtype in buffers:
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+        if t.dtype != dtype:
+            raise ValueError(f"{name} must have dtype {dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def _addressable(t, rows_contiguous=False):
+    """Whether the kernels can write t where it is; rows_contiguous: lse, whose last dimension has no stride in
+    the C API."""
+    if rows_contiguous:
+        return t.data_ptr() % 4 == 0 and (t.stride(-1) == 1 or t.shape[-1] <= 1)
+    return _aligned_rows(t)
+
+
+def _run_into(buffers, launch):
+    """Runs launch(*targets) with each caller buffer, or a temporary where the kernels cannot write it, then copies
+    the temporaries over. buffers: (tensor, rows_contiguous, fill) with fill None or the value the target starts
+    with (varlen padding rows)."""
+    targets = []
+    for t, rows_contiguous, fill in buffers:
+        target = t if _addressable(t, rows_contiguous) else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        if fill is not None:
+            target.fill_(fill)
+        targets.append(target)
+    launch(*targets)
+    for t, target in zip((b[0] for b in buffers), targets):
+        if target is not t:
+            t.copy_(target)
+
+
+_INTO_ARGS = "float softmax_scale, bool causal, int window_left, int window_right, float softcap"
+
+
+@torch.library.custom_op("flashcute::fwd_into", mutates_args=("out", "lse"),
+                         schema=f"(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, {_INTO_ARGS}) -> ()")
+def fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, causal: bool,
+             window_left: int, window_right: int, softcap: float) -> None:
+    _check_inputs(q, k, v)
+    batch, seqlen_q, nheads, _ = q.shape
+    _check_buffers(q, (("out", out, (batch, seqlen_q, nheads, v.shape[3]), q.dtype),
+                       ("lse", lse, (batch, nheads, seqlen_q), _lse_dtype(q.dtype))))
+    args = (softmax_scale, causal, window_left, window_right, softcap)
+    if q.device.type == "cuda":
+        _run_into(((out, False, None), (lse, True, None)), lambda o, l: run_forward(q, k, v, o, l, args))
+        return
+    o, l = fwd(q, k, v, *args)
+    out.copy_(o)
+    lse.copy_(l)
+
+
+@fwd_into.register_fake
+def _(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
+    _check_inputs(q, k, v)
+
+
+@torch.library.custom_op("flashcute::bwd_into", mutates_args=("dq", "dk", "dv"),
+                         schema=("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                                 f"Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, {_INTO_ARGS}, bool deterministic) "
+                                 "-> ()"))
+def bwd_into(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+             dq: Tensor, dk: Tensor, dv: Tensor, softmax_scale: float, causal: bool, window_left: int,
+             window_right: int, softcap: float, deterministic: bool) -> None:
+    _check_bwd(dout, dlse, q, k, v, out, lse)
+    _check_buffers(q, (("dq", dq, q.shape, q.dtype), ("dk", dk, k.shape, k.dtype), ("dv", dv, v.shape, v.dtype)))
+    args = (softmax_scale, causal, window_left, window_right, softcap)
+    if q.device.type == "cuda":
+        _run_into(((dq, False, None), (dk, False, None), (dv, False, None)),
+                  lambda a, b, c: run_backward(dout, dlse, q, k, v, out, lse, a, b, c, args, deterministic))
+        return
+    for dst, src in zip((dq, dk, dv), bwd(dout, dlse, q, k, v, out, lse, *args, deterministic)):
+        dst.copy_(src)
+
+
+@bwd_into.register_fake
+def _(dout, dlse, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap,
+      deterministic):
+    _check_bwd(dout, dlse, q, k, v, out, lse)
+
+
+@torch.library.custom_op("flashcute::varlen_fwd_into", mutates_args=("out", "lse"),
+                         schema=(f"(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, {_VARLEN_ARGS}) "
+                                 "-> ()"))
+def varlen_fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                    cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], seqused_q: Optional[Tensor],
+                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+                    window_right: int, softcap: float) -> None:
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
+    _check_varlen(q, k, v, *varlen)
+    total_q, nheads, _ = q.shape
+    _check_buffers(q, (("out", out, (total_q, nheads, v.shape[2]), q.dtype),
+                       ("lse", lse, (nheads, total_q), _lse_dtype(q.dtype))))
+    args = (softmax_scale, causal, window_left, window_right, softcap)
+    if q.device.type == "cuda":
+        max_q, max_k = _varlen_lengths(q, k, *varlen)
+        seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
+        # Padding rows (in no sequence) start as out 0, lse -inf, as flash_attn_varlen_func defines them.
+        _run_into(((out, False, 0.0), (lse, True, float("-inf"))),
+                  lambda o, l: run_forward(q, k, v, o, l, args, (*seqs, max_q, max_k)))
+        return
+    o, l = varlen_fwd(q, k, v, *varlen, *args)
+    out.copy_(o)
+    lse.copy_(l)
+
+
+@varlen_fwd_into.register_fake
+def _(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k, softmax_scale,
+      causal, window_left, window_right, softcap):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
