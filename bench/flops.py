@@ -3,7 +3,8 @@
 Forward: 2 matmuls per visible (query, key) pair, 2·(D + Dv) FLOPs per pair (= 4·D when Dv == D).
 Backward is counted as 2.5× the forward (5 matmuls instead of 2), forward+backward as 3.5×.
 Visibility follows DESIGN.md §1 (bottom-right aligned): key j is visible to query i iff
-j >= i + (Sk - Sq) - left and j <= i + (Sk - Sq) + right; None or negative = unbounded; causal means right = 0.
+j >= i + (Sk - Sq) - left and j <= i + (Sk - Sq) + right; None = unbounded (negative sides are offsets); causal
+means right = 0.
 """
 from functools import lru_cache
 
@@ -11,7 +12,7 @@ MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
 
 def _bound(x):
-    return None if x is None or x < 0 else int(x)
+    return None if x is None else int(x)
 
 
 def _window(causal, window):

@@ -23,13 +23,18 @@
  * sequence (before cu[0], after cu[batch]) are not written. The host reference refuses inconsistent offsets.
  * Visibility (bottom-right aligned): key j is visible to query i iff
  *   j >= i + (Sk - Sq) - window_left  and  j <= i + (Sk - Sq) + window_right,
- * a negative window side meaning unbounded; causal sets window_right = 0.
+ * a side set to FLASHCUTE_WINDOW_UNBOUNDED (the default) meaning no bound there; causal sets window_right = 0.
+ * Any other value is an offset, negative ones too (FlashAttention-4's convention): window_right = -5 shows each
+ * query only keys at least 5 before its diagonal, and rows left with no key give out 0, lse -inf.
  */
 #ifndef FLASHCUTE_FLASHCUTE_H
 #define FLASHCUTE_FLASHCUTE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* A window side without bound (window_left / window_right). */
+#define FLASHCUTE_WINDOW_UNBOUNDED INT64_MIN
 
 #ifdef __cplusplus
 extern "C" {
@@ -89,8 +94,8 @@ typedef struct flashcute_fwd_params {
   float softmax_scale;  /* scale applied to q.k */
   float softcap;        /* 0: off; c > 0: s = c * tanh(x / c) */
   int causal;           /* 1: window_right = 0 */
-  int64_t window_left;  /* < 0: unbounded */
-  int64_t window_right; /* < 0: unbounded */
+  int64_t window_left;  /* FLASHCUTE_WINDOW_UNBOUNDED, or an offset (negative too) */
+  int64_t window_right; /* FLASHCUTE_WINDOW_UNBOUNDED, or an offset (negative too) */
 
   /* Optional variable-length mode (device int32 arrays); NULL for the fixed-length batch. */
   const int32_t* cu_seqlens_q; /* batch + 1 offsets into the packed rows of q/out */
@@ -130,7 +135,8 @@ typedef struct flashcute_bwd_params {
   size_t workspace_size;
 } flashcute_bwd_params;
 
-/* Fills defaults: zero pointers and shapes, scale 0 (set it), windows unbounded (-1), no softcap, total_q/k -1.
+/* Fills defaults: zero pointers and shapes, scale 0 (set it), windows FLASHCUTE_WINDOW_UNBOUNDED, no softcap,
+   total_q/k -1.
    A NULL params is ignored. */
 void flashcute_fwd_params_init(flashcute_fwd_params* params);
 void flashcute_bwd_params_init(flashcute_bwd_params* params);

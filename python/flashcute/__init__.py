@@ -37,7 +37,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
     """Attention over q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns (out, lse).
 
     out is (B, Sq, H, Dv) in q's dtype; lse is (B, H, Sq) float32 (float64 for float64 inputs), natural log.
-    window_size = (left, right), None or negative meaning unbounded; causal sets right = 0.
+    window_size = (left, right): query i sees keys i + (Sk - Sq) - left ... i + (Sk - Sq) + right; None means
+    unbounded, and negative sides are offsets too (FlashAttention-4's convention: (None, -5) shows keys at least 5
+    before the diagonal); causal sets right = 0.
     Differentiable through both out and lse. Empty inputs (B = 0, Sq = 0) give empty outputs; Sk = 0 gives
     rows that see no key (out 0, lse -inf).
 

@@ -11,6 +11,7 @@ SUCCESS = 0
 ERROR_INVALID_ARGUMENT = 1
 
 FLOAT16, BFLOAT16, FLOAT64 = 0, 1, 3
+WINDOW_UNBOUNDED = -(2**63)  # FLASHCUTE_WINDOW_UNBOUNDED
 FORWARD, BACKWARD = 0, 1
 
 _NOT_FOUND = "flashcute library not found: build it with `bash scripts/build.sh` or set FLASHCUTE_LIBRARY"

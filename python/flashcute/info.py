@@ -24,6 +24,10 @@ def _gpu():
         return f"no GPU ({exc})", None
 
 
+def ops_window(side):
+    return _capi.WINDOW_UNBOUNDED if side is None else side
+
+
 def _params(args):
     p = _capi.fwd_params()
     p.batch, p.seqlen_q, p.seqlen_k = args.batch, args.seqlen_q, args.seqlen_k
@@ -34,7 +38,7 @@ def _params(args):
     p.softmax_scale = args.head_dim ** -0.5
     p.causal = int(args.causal)
     p.softcap = args.softcap
-    p.window_left, p.window_right = args.window_left, args.window_right
+    p.window_left, p.window_right = (ops_window(args.window_left), ops_window(args.window_right))
     return p
 
 
@@ -56,8 +60,8 @@ def main(argv=None):
     ap.add_argument("--head-dim-v", type=int, default=0, help="default: --head-dim")
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--window-left", type=int, default=-1)
-    ap.add_argument("--window-right", type=int, default=-1)
+    ap.add_argument("--window-left", type=int, default=None, help="default: unbounded")
+    ap.add_argument("--window-right", type=int, default=None, help="default: unbounded")
     ap.add_argument("--softcap", type=float, default=0.0)
     ap.add_argument("--arch", type=int, default=0, help="explain for this sm (e.g. 80, 90, 120); default: the GPU")
     args = ap.parse_args(argv)

@@ -22,13 +22,20 @@ _F32_MAX = 3.4028234663852886e38  # the largest float32
 _F32_TINY = 2.0 ** -150  # half the smallest float32 subnormal: this and anything smaller round to 0
 
 
+WINDOW_UNBOUNDED = _capi.WINDOW_UNBOUNDED
+
+
 def window_side(side, name="window_size"):
-    """None or negative means unbounded (-1); anything but an integer is refused (2.7 would silently truncate)."""
-    if side is None:
-        return -1
+    """None means unbounded; an integer is an offset from the diagonal, negative ones too (FlashAttention-4's
+    convention: right = -5 shows keys at least 5 before the diagonal). Anything else is refused (2.7 would silently
+    truncate)."""
+    if side is None or side == WINDOW_UNBOUNDED:
+        return WINDOW_UNBOUNDED
     if isinstance(side, bool) or not isinstance(side, numbers.Integral):
         raise ValueError(f"{name} entries must be integers or None, got {side!r}")
-    return -1 if side < 0 else int(side)
+    if not -(2**63) < side < 2**63:
+        raise ValueError(f"{name} entries must fit in int64, got {side}")
+    return int(side)
 
 
 def flag(value, name):

@@ -81,10 +81,15 @@ def _unsupported(a, tensors, head_dims):
     return None
 
 
+def _aten_window(side):
+    """PyTorch's flash ops spell an unbounded side None or -1 (FlashAttention-2's convention)."""
+    return ops.window_side(None if side is None or side < 0 else side)
+
+
 def _args(a, head_dim):
     scale = a.get("scale")
     return (head_dim ** -0.5 if scale is None else float(scale), bool(a["is_causal"]),
-            ops.window_side(a.get("window_size_left")), ops.window_side(a.get("window_size_right")), 0.0)
+            _aten_window(a.get("window_size_left")), _aten_window(a.get("window_size_right")), 0.0)
 
 
 def _varlen(a):

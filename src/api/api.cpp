@@ -27,6 +27,8 @@ Problem problem_of(flashcute_direction_t dir, flashcute_fwd_params const& p) {
   return Problem{dir, p.dtype, (int)(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v)};
 }
 
+static_assert(Mask::kUnbounded == FLASHCUTE_WINDOW_UNBOUNDED, "the C API's unbounded window side is Mask's");
+
 FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   FwdKernelParams k{};
   k.q = p.q;
@@ -146,8 +148,8 @@ void flashcute_fwd_params_init(flashcute_fwd_params* p) {
   if (!p) return;
   std::memset(p, 0, sizeof(*p));
   p->dtype = FLASHCUTE_BFLOAT16;
-  p->window_left = -1;
-  p->window_right = -1;
+  p->window_left = FLASHCUTE_WINDOW_UNBOUNDED;
+  p->window_right = FLASHCUTE_WINDOW_UNBOUNDED;
   p->total_q = -1;
   p->total_k = -1;
 }

@@ -1,16 +1,17 @@
 // The visibility rule of flashcute, shared by the float64 reference and every kernel.
 // Bottom-right aligned: key j is visible to query i iff
 //   i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right, and 0 <= j < Sk,
-// with a negative side meaning unbounded. Causal is right = 0.
+// with a side equal to kUnbounded (the C API's FLASHCUTE_WINDOW_UNBOUNDED) meaning no bound; any other side is an
+// offset, negative ones too (right = -5: keys at least 5 before the diagonal). Causal is right = 0.
 #pragma once
 
 #include "common/hostdevice.h"
 
 namespace flashcute {
 
-// Unbounded sides are stored as Sq + Sk, wider than any distance, so every bound below is branch-free min/max
-// arithmetic (a branch per row in the kernels' masking cost registers and spills). Callers keep Sq + Sk < 2^30,
-// which keeps every sum in int range.
+// Unbounded sides are stored as Sq + Sk, wider than any distance, and sides below -(Sq + Sk) (which hide every key)
+// as -(Sq + Sk), so every bound below is branch-free min/max arithmetic (a branch per row in the kernels' masking
+// cost registers and spills). Callers keep Sq + Sk < 2^30, which keeps every sum in int range.
 struct Mask {
   int seqlen_q = 0;
   int seqlen_k = 0;
@@ -20,15 +21,23 @@ struct Mask {
   FLASHCUTE_HD static int imax(int a, int b) { return a > b ? a : b; }
   FLASHCUTE_HD static int imin(int a, int b) { return a < b ? a : b; }
 
-  // A negative side, or one at least Sq + Sk wide, is unbounded.
+  static constexpr long long kUnbounded = -9223372036854775807LL - 1;  // INT64_MIN
+
+  FLASHCUTE_HD static int side(long long s, long long wide) {
+    return (int)((s == kUnbounded || s >= wide) ? wide : (s <= -wide ? -wide : s));
+  }
+
   FLASHCUTE_HD static Mask make(int seqlen_q, int seqlen_k, bool causal, long long left, long long right) {
     Mask m;
     m.seqlen_q = seqlen_q;
     m.seqlen_k = seqlen_k;
     long long const wide = (long long)seqlen_q + (long long)seqlen_k;
     if (causal) right = 0;
-    m.left = (int)((left < 0 || left >= wide) ? wide : left);
-    m.right = (int)((right < 0 || right >= wide) ? wide : right);
+    m.left = side(left, wide);
+    m.right = side(right, wide);
+    // A window narrower than one key (left + right < 0) hides every key from every row: stored as both sides at
+    // -(Sq + Sk), so that block ranges come out empty too, not just each row's.
+    if (m.left + m.right < 0) m.left = m.right = (int)-wide;
     return m;
   }
 

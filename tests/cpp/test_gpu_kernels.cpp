@@ -25,6 +25,8 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+constexpr long long U = FLASHCUTE_WINDOW_UNBOUNDED;
+
 struct Case {
   int b, sq, sk, h, hkv, d;
   bool causal;
@@ -202,18 +204,20 @@ TEST_P(GpuKernels, MatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuKernels,
-    ::testing::Values(Case{1, 17, 113, 2, 2, 64, true, -1, -1, 0.f},    // causal, Sq < Sk
-                      Case{2, 113, 17, 4, 1, 128, true, -1, -1, 0.f},   // MQA, causal Sq > Sk: empty rows
+    ::testing::Values(Case{1, 17, 113, 2, 2, 64, true, U, U, 0.f},    // causal, Sq < Sk
+                      Case{2, 113, 17, 4, 1, 128, true, U, U, 0.f},   // MQA, causal Sq > Sk: empty rows
                       Case{1, 130, 130, 4, 2, 96, false, 20, 5, 0.f},   // GQA, sliding window
-                      Case{1, 65, 70, 2, 2, 256, false, -1, -1, 10.f},  // softcap, odd sizes
-                      Case{1, 1, 1, 2, 2, 192, false, -1, -1, 0.f},     // seqlen 1
-                      Case{3, 150, 97, 4, 2, 64, true, -1, -1, 0.f, true},     // varlen + seqused_k, GQA, causal
-                      Case{4, 120, 200, 2, 2, 128, false, 30, -1, 0.f, true}), // varlen + seqused_k, window
+                      Case{1, 130, 150, 2, 2, 128, false, 40, -7, 0.f},  // window past the diagonal (negative right)
+                      Case{1, 65, 70, 2, 2, 256, false, U, U, 10.f},  // softcap, odd sizes
+                      Case{1, 1, 1, 2, 2, 192, false, U, U, 0.f},     // seqlen 1
+                      Case{3, 150, 97, 4, 2, 64, true, U, U, 0.f, true},     // varlen + seqused_k, GQA, causal
+                      Case{4, 120, 200, 2, 2, 128, false, 30, U, 0.f, true}), // varlen + seqused_k, window
     [](::testing::TestParamInfo<Case> const& info) {
       Case const& c = info.param;
       return "sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" + std::to_string(c.h) + "_kv" +
              std::to_string(c.hkv) + "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
-             (c.left >= 0 || c.right >= 0 ? "_window" : "") + (c.softcap > 0 ? "_softcap" : "") +
+             (c.left != U || c.right != U ? (c.right < 0 ? "_window_neg" : "_window") : "") +
+             (c.softcap > 0 ? "_softcap" : "") +
              (c.varlen ? "_varlen" : "");
     });
 

@@ -21,14 +21,17 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// DESIGN.md section 1, written out independently of Mask.
+constexpr long long U = FLASHCUTE_WINDOW_UNBOUNDED;
+
+// DESIGN.md section 1, written out independently of Mask: a side is unbounded only when it is U; any other value,
+// negative ones too, is an offset from the diagonal.
 bool rule_visible(long long i, long long j, long long sq, long long sk, bool causal, long long left,
                   long long right) {
   if (j < 0 || j >= sk) return false;
   if (causal) right = 0;
   long long const diag = i + sk - sq;
-  if (left >= 0 && j < diag - left) return false;
-  if (right >= 0 && j > diag + right) return false;
+  if (left != U && j < diag - left) return false;
+  if (right != U && j > diag + right) return false;
   return true;
 }
 
@@ -65,7 +68,7 @@ struct Case {
   std::string name;
   int B = 1, Sq = 17, Sk = 17, H = 2, Hkv = 2, D = 16, Dv = 16;
   bool causal = false;
-  long long left = -1, right = -1;
+  long long left = U, right = U;
   float softcap = 0;
   float scale = 0;  // 0: 1 / sqrt(D)
   bool head_major = false;
@@ -290,13 +293,16 @@ std::vector<Case> forward_cases() {
       Case("causal_113").seq(113, 113).with_causal().seeded(3),
       Case("causal_q1_k17").seq(1, 17).with_causal(),
       Case("causal_q17_k1_masked_rows").seq(17, 1).with_causal(),
-      Case("window_left_only").seq(33, 33).window(5, -1),
-      Case("window_right_only").seq(33, 33).window(-1, 3),
+      Case("window_left_only").seq(33, 33).window(5, U),
+      Case("window_right_only").seq(33, 33).window(U, 3),
       Case("window_both").seq(33, 33).window(4, 2),
       Case("window_zero_zero").seq(19, 23).window(0, 0),
-      Case("window_left_causal").seq(33, 33).window(6, -1).with_causal(),
+      Case("window_left_causal").seq(33, 33).window(6, U).with_causal(),
       Case("window_huge").seq(17, 29).window(1000000, 1LL << 40),
-      Case("window_negative_both").seq(17, 29).window(-7, -3).with_causal(),
+      Case("window_negative_causal_empty").seq(17, 29).window(-7, U).with_causal(),
+      Case("window_negative_right").seq(29, 29).window(9, -5),
+      Case("window_negative_left").seq(17, 29).window(-3, 8),
+      Case("window_negative_right_unbounded_left").seq(23, 19).window(U, -4),
       Case("window_sq_gt_sk").seq(40, 13).window(3, 2),
       Case("window_sq_lt_sk").seq(13, 40).window(3, 2),
       Case("softcap").cap(1.5f, 1.0f),
@@ -451,7 +457,8 @@ std::vector<BwdCase> backward_cases() {
       {small("causal_sq_gt_sk_dlse").seq(11, 6).with_causal().seeded(4), true},
       {small("causal_sq_lt_sk_no_dlse").seq(5, 10).with_causal().seeded(5), false},
       {small("window_both_dlse").seq(10, 12).window(2, 1).seeded(6), true},
-      {small("window_left_causal_no_dlse").window(3, -1).with_causal().seeded(7), false},
+      {small("window_left_causal_no_dlse").window(3, U).with_causal().seeded(7), false},
+      {small("window_negative_right_dlse").seq(12, 12).window(6, -2).seeded(12), true},
       {small("softcap_dlse").cap(1.5f, 1.0f).seeded(8), true},
       {small("softcap_causal_no_dlse").cap(1.0f, 0.8f).with_causal().seeded(9), false},
       {small("gqa_4to1_causal_dlse").heads(4, 1).with_causal().seeded(10), true},
@@ -467,7 +474,7 @@ INSTANTIATE_TEST_SUITE_P(Reference, BackwardVsFiniteDifferences, ::testing::Valu
 // The shape of the kernel tests (seqlen 1013, head_dim 64) must stay cheap enough to use as an oracle, and its
 // backward must agree with a directional finite difference along a random direction.
 TEST(Reference, LongSequenceForwardAndDirectionalDerivative) {
-  Problem P(Case("long").seq(1013, 1013).dims(64, 64).with_causal().window(700, -1).seeded(21));
+  Problem P(Case("long").seq(1013, 1013).dims(64, 64).with_causal().window(700, U).seeded(21));
   auto const t0 = std::chrono::steady_clock::now();
   flashcute::reference::forward(P.fwd());
   flashcute::reference::backward(P.bwd(true));
@@ -619,7 +626,9 @@ TEST(Mask, MatchesBruteForceOnRandomConfigs) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto side = [&]() -> long long {
     int const kind = pick(0, 9);
-    if (kind < 2) return -pick(1, 6);          // unbounded, spelt with any negative number
+    if (kind < 2) return U;                     // unbounded
+    if (kind == 3) return -pick(1, 12);         // an offset past the diagonal (negative), often hiding every key
+    if (kind == 4) return -(1LL << pick(31, 50));  // more negative than any sequence is long
     if (kind == 2) return 1LL << pick(31, 50);  // wider than any sequence, beyond int range
     return pick(0, 22);                         // includes windows wider than both sequences
   };
@@ -628,15 +637,15 @@ TEST(Mask, MatchesBruteForceOnRandomConfigs) {
 
 TEST(Mask, HandWorkedExamples) {
   using flashcute::Mask;
-  Mask const causal = Mask::make(4, 4, true, -1, -1);
+  Mask const causal = Mask::make(4, 4, true, U, U);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(causal.key_end(i), i + 1);
   EXPECT_TRUE(causal.is_local());
   // Bottom-right alignment: with 2 queries and 5 keys, the first query already sees keys 0..3.
-  Mask const wide_k = Mask::make(2, 5, true, -1, -1);
+  Mask const wide_k = Mask::make(2, 5, true, U, U);
   EXPECT_EQ(wide_k.key_end(0), 4);
   EXPECT_EQ(wide_k.key_end(1), 5);
   // With 5 queries and 2 keys, queries 0..2 see nothing.
-  Mask const wide_q = Mask::make(5, 2, true, -1, -1);
+  Mask const wide_q = Mask::make(5, 2, true, U, U);
   for (int i = 0; i < 3; ++i) EXPECT_GE(wide_q.key_begin(i), wide_q.key_end(i));
   EXPECT_EQ(wide_q.key_end(3), 1);
   EXPECT_EQ(wide_q.query_begin(1), 4);
@@ -646,7 +655,12 @@ TEST(Mask, HandWorkedExamples) {
   EXPECT_EQ(win.key_end(3), 5);
   EXPECT_TRUE(win.tile_fully_visible(2, 4, 2, 4));
   EXPECT_FALSE(win.tile_fully_visible(0, 4, 0, 4));
-  EXPECT_FALSE(Mask::make(3, 3, false, 1LL << 40, -1).is_local());
+  EXPECT_FALSE(Mask::make(3, 3, false, 1LL << 40, U).is_local());
+  // Negative offsets (FlashAttention-4's convention): right -2 shows keys at least 2 before the diagonal.
+  Mask const before = Mask::make(6, 6, false, U, -2);
+  EXPECT_EQ(before.key_end(0), 0);  // query 0 sees nothing
+  EXPECT_EQ(before.key_end(4), 3);
+  EXPECT_TRUE(before.is_local());
 }
 
 }  // namespace

@@ -15,9 +15,9 @@ def visible_mask(sq, sk, causal, window, device):
     j = torch.arange(sk, device=device)[None, :]
     diag = i + (sk - sq)
     vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    if left is not None and left >= 0:
+    if left is not None:  # None: unbounded; any integer, negative too, is an offset
         vis &= j >= diag - left
-    if right is not None and right >= 0:
+    if right is not None:
         vis &= j <= diag + right
     return vis
 

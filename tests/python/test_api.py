@@ -57,7 +57,11 @@ CASES = {
     "causal_sq_gt_sk": ((1, 7, 4, 2, 2, 4, 3), {"causal": True}),  # first 3 rows fully masked
     "causal_sq_lt_sk": ((1, 4, 7, 2, 2, 4, 4), {"causal": True}),
     "window": ((1, 6, 6, 2, 2, 4, 4), {"window_size": (2, 1)}),
-    "window_causal": ((1, 6, 8, 2, 2, 4, 4), {"window_size": (1, -1), "causal": True}),
+    "window_causal": ((1, 6, 8, 2, 2, 4, 4), {"window_size": (1, None), "causal": True}),
+    # negative sides are offsets (FlashAttention-4): keys 2..5 before the diagonal; the first rows see none
+    "window_past_diagonal": ((1, 9, 9, 2, 2, 4, 4), {"window_size": (5, -2)}),
+    "window_negative_left": ((1, 6, 9, 2, 2, 4, 4), {"window_size": (-1, 3)}),
+    "window_empty": ((1, 5, 5, 2, 2, 4, 4), {"window_size": (-3, 1)}),  # narrower than one key: every row empty
     "softcap": ((1, 5, 5, 2, 2, 4, 4), {"softcap": 1.5, "softmax_scale": 1.25}),  # float32-exact: C takes floats
     "gqa": ((2, 5, 6, 4, 2, 4, 4), {"causal": True}),
 }

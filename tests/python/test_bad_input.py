@@ -9,6 +9,8 @@ torch = pytest.importorskip("torch")
 
 from flashcute import _capi, flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
+U = _capi.WINDOW_UNBOUNDED
+
 pytestmark = pytest.mark.usefixtures("flashcute_library")
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -108,7 +110,7 @@ def test_fake_implementation_refuses_what_the_op_refuses(case):
     make, match = FAKE[case]
     q, k = make()
     with pytest.raises(ValueError, match=match):
-        torch.ops.flashcute.fwd(q, k, k, 1.0, False, -1, -1, 0.0)
+        torch.ops.flashcute.fwd(q, k, k, 1.0, False, U, U, 0.0)
 
 
 @pytest.mark.gpu
@@ -118,9 +120,9 @@ def test_fake_cuda_tensors_follow_the_gpu_rules():
         for shape, match in (((1, 4, 2, 300), "multiple of 8 and at most 256"), ((70000, 4, 2, 64), "batch must be")):
             q = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
             with pytest.raises(ValueError, match=match):
-                torch.ops.flashcute.fwd(q, q, q, 1.0, False, -1, -1, 0.0)
+                torch.ops.flashcute.fwd(q, q, q, 1.0, False, U, U, 0.0)
         q = torch.empty(0, 4, 2, 64, device="cuda", dtype=torch.bfloat16)  # batch 0 is valid
-        out, lse = torch.ops.flashcute.fwd(q, q, q, 1.0, False, -1, -1, 0.0)
+        out, lse = torch.ops.flashcute.fwd(q, q, q, 1.0, False, U, U, 0.0)
         assert out.shape == (0, 4, 2, 64) and lse.shape == (0, 2, 4)
 
 

@@ -27,9 +27,9 @@ def brute_pairs(sq, sk, causal, left=None, right=None):
     for i in range(sq):
         for j in range(sk):
             ok = True
-            if left is not None and left >= 0:
+            if left is not None:
                 ok &= j >= i + (sk - sq) - left
-            if right is not None and right >= 0:
+            if right is not None:
                 ok &= j <= i + (sk - sq) + right
             n += ok
     return n
@@ -61,7 +61,8 @@ def test_causal_rectangular_counts_visible_pairs(sq, sk):
 
 @pytest.mark.parametrize("sq,sk,causal,left,right", [
     (16, 16, False, 3, 2), (16, 16, True, 4, None), (10, 25, False, 0, 0), (25, 10, True, 2, None),
-    (12, 30, False, -1, 5), (30, 12, False, 6, -1), (8, 8, False, None, 0)])
+    (12, 30, False, None, 5), (30, 12, False, 6, None), (8, 8, False, None, 0), (12, 30, False, -1, 5),
+    (30, 12, False, 6, -3), (20, 20, True, -4, None), (9, 9, False, 2, -5)])
 def test_window_counts_visible_pairs(sq, sk, causal, left, right):
     expect = brute_pairs(sq, sk, causal, left, right)
     assert visible_pairs(sq, sk, causal, (left, right)) == expect

@@ -44,7 +44,9 @@ def draw_case(rng):
         "nheads_kv": hkv,
         "nheads": hkv * rng.choice((1, 1, 2, 4)),
         "causal": rng.random() < 0.4,
-        "window": (rng.choice((None, None, rng.randint(0, 300))), rng.choice((None, None, rng.randint(0, 64)))),
+        # sides: None (unbounded) or offsets, now and then negative (past the diagonal)
+        "window": (rng.choice((None, None, rng.randint(0, 300), rng.randint(-40, 300))),
+                   rng.choice((None, None, rng.randint(0, 64), rng.randint(-64, 64)))),
         "softcap": rng.choice((0.0, 0.0, 0.0, rng.uniform(5.0, 50.0))),
         "deterministic": rng.random() < 0.2,
         "dlse": rng.random() < 0.5,

@@ -24,6 +24,7 @@ FEATURES = {
     "plain": (2, 2, False, (None, None), 0.0),
     "causal": (2, 2, True, (None, None), 0.0),
     "window": (2, 2, False, (37, 11), 0.0),
+    "window_past_diagonal": (2, 2, False, (50, -7), 0.0),  # negative right: keys at least 7 before the diagonal
     "softcap": (2, 2, True, (None, None), 7.5),
     "gqa4": (8, 2, False, (None, None), 0.0),
     "mqa": (4, 1, True, (64, None), 0.0),

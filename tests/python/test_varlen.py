@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flashcute import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from flashcute import _capi, flash_attn_func, flash_attn_varlen_func  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flashcute_library")
 
@@ -88,7 +88,7 @@ def test_varlen_opcheck():
     q, k, v, cu_q, cu_k, seqused, causal, window = make_case("seqused", torch.float64, "cpu")
     for maxima in ((-1, -1), (20, 25)):  # read on the host, or given (no host copy)
         used_q = (cu_q[1:] - cu_q[:-1]) // 2
-        args = (cu_q, cu_k, seqused, used_q, *maxima, 0.25, causal, -1, -1, 0.0)
+        args = (cu_q, cu_k, seqused, used_q, *maxima, 0.25, causal, _capi.WINDOW_UNBOUNDED, -3, 0.0)
         _opcheck_varlen(q, k, v, args)
 
 
