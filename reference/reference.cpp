@@ -117,6 +117,7 @@ void forward(flashcute_fwd_params const& p) {
   View<double const> const v{static_cast<double const*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride};
   View<double> const out{static_cast<double*>(p.out), p.out_batch_stride, p.out_row_stride, p.out_head_stride};
   double* const lse = static_cast<double*>(p.lse);
+  double const* const sink = static_cast<double const*>(p.learnable_sink);
   double const scale = p.softmax_scale;
   double const cap = p.softcap;
   int64_t const group = p.nheads / p.nheads_kv;
@@ -142,9 +143,13 @@ void forward(flashcute_fwd_params const& p) {
           s.push_back(score(qi, k.row(seq, seq.k_row0, j, hk), d, scale, cap).s);
           if (s.back() > m) m = s.back();
         }
-        // Subtracting the row max before exp keeps every weight in (0, 1]; a row without keys never reaches the
-        // exp at all, which is how it avoids (-inf) - (-inf).
-        Acc l = 0;
+        // The sink joins the denominator as one more logit, with no value row.
+        double const sink_h = sink ? sink[h] : kNegInf;
+        if (sink_h > m) m = sink_h;
+        bool const empty = m == kNegInf;  // no key and no (finite) sink
+        // Subtracting the row max before exp keeps every weight in (0, 1]; an empty row never reaches the exp at
+        // all, which is how it avoids (-inf) - (-inf).
+        Acc l = empty ? 0.0 : std::exp(sink_h - m);
         for (auto& x : o) x = 0;
         for (size_t n = 0; n < keys.size(); ++n) {
           double const w = std::exp(s[n] - m);
@@ -153,10 +158,9 @@ void forward(flashcute_fwd_params const& p) {
           for (int64_t e = 0; e < dv; ++e) o[e] += w * vj[e];
         }
         double* oi = out.row(seq, seq.q_row0, i, h);
-        for (int64_t e = 0; e < dv; ++e) oi[e] = keys.empty() ? 0.0 : static_cast<double>(o[e] / l);
+        for (int64_t e = 0; e < dv; ++e) oi[e] = empty ? 0.0 : static_cast<double>(o[e] / l);
         if (lse != nullptr)
-          lse[seq.lse0 + h * p.lse_head_stride + i] =
-              keys.empty() ? kNegInf : static_cast<double>(m + std::log(l));
+          lse[seq.lse0 + h * p.lse_head_stride + i] = empty ? kNegInf : static_cast<double>(m + std::log(l));
       }
     }
   }
@@ -176,6 +180,10 @@ void backward(flashcute_bwd_params const& bp) {
   View<double> const dv{static_cast<double*>(bp.dv), bp.dv_batch_stride, bp.dv_row_stride, bp.dv_head_stride};
   double const* const lse = static_cast<double const*>(p.lse);
   double const* const dlse = static_cast<double const*>(bp.dlse);
+  double const* const sink = static_cast<double const*>(p.learnable_sink);
+  // d lse_i / d sink_h = exp(sink_h - lse_i) and d out_i / d sink_h = -exp(sink_h - lse_i) out_i, so the sink's
+  // gradient is -sum_i exp(sink_h - lse_i) (dout_i . out_i - dlse_i) over the rows of head h.
+  std::vector<Acc> dsink(static_cast<size_t>(p.nheads), 0.0);
   double const scale = p.softmax_scale;
   double const cap = p.softcap;
   int64_t const group = p.nheads / p.nheads_kv;
@@ -207,6 +215,7 @@ void backward(flashcute_bwd_params const& bp) {
           double const* doi = dout.row(seq, seq.q_row0, i, h);
           double const di = static_cast<double>(dot_precise(doi, out.row(seq, seq.q_row0, i, h), d_v) -
                                                 (dlse != nullptr ? dlse[li] : 0.0));
+          if (sink) dsink[h] -= std::exp(sink[h] - lse_i) * di;
           for (auto& x : dq_acc) x = 0;
           for (int j = 0; j < seq.sk; ++j) {
             if (!mask.visible(i, j)) continue;
@@ -233,6 +242,8 @@ void backward(flashcute_bwd_params const& bp) {
       }
     }
   }
+  if (sink && bp.dsink)
+    for (int64_t h = 0; h < p.nheads; ++h) static_cast<double*>(bp.dsink)[h] = static_cast<double>(dsink[h]);
 }
 
 }  // namespace flashcute::reference

@@ -112,6 +112,12 @@ typedef struct flashcute_fwd_params {
   void* workspace; /* device memory of at least flashcute_fwd_workspace_size bytes (may be NULL if 0; varlen calls
                       need some: the clamped per-sequence table) */
   size_t workspace_size;
+
+  /* Optional learnable sink (GPT-OSS's attention sinks): nheads logits, one per query head, that join every row's
+     softmax denominator: out_i = sum_j exp(s_ij - lse_i) v_j with lse_i = log(exp(sink_h) + sum_j exp(s_ij)), so a
+     row that sees no key gives out 0 and lse = sink_h. Same element type as lse (float64 for the reference).
+     NULL: none. So far only the host reference has it; the GPU entry points refuse it (FLASHCUTE_ERROR_UNSUPPORTED). */
+  const void* learnable_sink;
 } flashcute_fwd_params;
 
 typedef struct flashcute_bwd_params {
@@ -133,6 +139,9 @@ typedef struct flashcute_bwd_params {
 
   void* workspace; /* device memory of at least flashcute_bwd_workspace_size bytes */
   size_t workspace_size;
+
+  /* With fwd.learnable_sink: its gradient (nheads, lse's element type), written; NULL: not computed. */
+  void* dsink;
 } flashcute_bwd_params;
 
 /* Fills defaults: zero pointers and shapes, scale 0 (set it), windows FLASHCUTE_WINDOW_UNBOUNDED, no softcap,

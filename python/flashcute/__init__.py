@@ -33,7 +33,7 @@ def _no_autograd(name, tensors):
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
-                    deterministic=False, out=None, lse=None):
+                    deterministic=False, out=None, lse=None, learnable_sink=None):
     """Attention over q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns (out, lse).
 
     out is (B, Sq, H, Dv) in q's dtype; lse is (B, H, Sq) float32 (float64 for float64 inputs), natural log.
@@ -45,12 +45,18 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
 
     out= and lse= (either or both) are buffers of those shapes and dtypes to write into, returned as the result;
     any strides. Without autograd only (flash_attn_backward takes the gradient buffers).
+
+    learnable_sink (H,): a logit per query head that joins every row's softmax denominator (GPT-OSS's attention
+    sinks); lse includes it, a row that sees no key gives out 0 and lse = sink, and it gets a gradient. So far on
+    CPU tensors only (the float64 reference); the GPU kernels refuse it.
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_func needs torch")
     args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
     if out is None and lse is None:
-        return _ops.fwd(q, k, v, *args)
+        return _ops.fwd(q, k, v, *args, learnable_sink)
+    if learnable_sink is not None:
+        raise ValueError("learnable_sink cannot be combined with out=/lse= yet")
     _no_autograd("flash_attn_func(out=, lse=)", (q, k, v))
     _ops._check_inputs(q, k, v)
     if out is None:
@@ -80,7 +86,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, dlse=None, softmax_scale=None, 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
                            window_size=(None, None), softcap=0.0, deterministic=False, seqused_k=None,
-                           max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, out=None, lse=None):
+                           max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, out=None, lse=None,
+                           learnable_sink=None):
     """Attention over sequences packed along the rows: q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
 
     cu_seqlens_q / cu_seqlens_k are int32 (batch + 1) offsets of each sequence's first row (sequence b is rows
@@ -96,7 +103,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=No
     copy per call, not allowed under graph capture), checked against the tensors (ValueError), and their maxima
     taken.
 
-    out= and lse= are buffers to write into, as for flash_attn_func (without autograd).
+    out= and lse= are buffers to write into, as for flash_attn_func (without autograd); learnable_sink as there.
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_varlen_func needs torch")
@@ -111,7 +118,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=No
                                                                     deterministic)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     if out is None and lse is None:
-        return _ops.varlen_fwd(q, k, v, *seqs, *maxima, scale, causal, left, right, softcap, deterministic)
+        return _ops.varlen_fwd(q, k, v, *seqs, *maxima, scale, causal, left, right, softcap, deterministic,
+                               learnable_sink)
+    if learnable_sink is not None:
+        raise ValueError("learnable_sink cannot be combined with out=/lse= yet")
     _no_autograd("flash_attn_varlen_func(out=, lse=)", (q, k, v))
     _ops._check_varlen(q, k, v, *seqs, *maxima)
     if out is None:

@@ -43,6 +43,7 @@ class FwdParams(ctypes.Structure):
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p), ("seqused_k", c_void_p),
         ("seqused_q", c_void_p), ("total_q", c_int64), ("total_k", c_int64), ("varlen_status", c_void_p),
         ("workspace", c_void_p), ("workspace_size", c_size_t),
+        ("learnable_sink", c_void_p),
     ]
 
 
@@ -55,6 +56,7 @@ class BwdParams(ctypes.Structure):
         *_strides("dq"), *_strides("dk"), *_strides("dv"),
         ("deterministic", c_int),
         ("workspace", c_void_p), ("workspace_size", c_size_t),
+        ("dsink", c_void_p),
     ]
 
 

@@ -218,24 +218,26 @@ def _launch_cuda(run, workspace_size, p, device):
         _capi.check(run(ctypes.byref(p), ctypes.c_void_p(stream)))
 
 
-def run_forward(q, k, v, out, lse, args, varlen=None):
+def run_forward(q, k, v, out, lse, args, varlen=None, sink=None):
     """Launches the forward on the current stream into out and lse, which the caller allocated (any strides the
     kernels take: _kernel_ready's). Fixed length: q, k, v, out (B, S, H, D), lse (B, H, S). varlen: (cu_seqlens_q,
     cu_seqlens_k, seqused_k, seqused_q, max_q, max_k) with q, k, v, out (total, H, D) and lse (H, total). args: (scale, causal,
-    window_left, window_right, softcap). The one launch path of the CUDA ops and of flashcute.torch."""
+    window_left, window_right, softcap); sink: the learnable sink or None. The one launch path of the CUDA ops and
+    of flashcute.torch."""
     q, k, v = (_kernel_ready(t) for t in (q, k, v))
     dtype = _CUDA_DTYPES[q.dtype]
     if varlen is None:
         p = _fwd_params(q, k, v, out, lse, dtype, *args)
     else:
         p = _varlen_fwd_params(q, k, v, out, lse, dtype, args, *varlen)
+    p.learnable_sink = _ptr(None if sink is None else sink.to(torch.float32).contiguous())
     lib = _capi.lib()
     _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
 
 
-def run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, varlen=None):
+def run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, varlen=None, sink=(None, None)):
     """Launches the backward on the current stream into dq, dk, dv (laid out like q, k, v; see run_forward);
-    dlse may be None."""
+    dlse may be None; sink: (learnable sink, its gradient buffer) or Nones."""
     q, k, v, out, dout = (_kernel_ready(t) for t in (q, k, v, out, dout))
     lse = lse.contiguous()  # dlse has no strides of its own: it shares lse's (contiguous) layout
     dlse = None if dlse is None else dlse.to(torch.float32).contiguous()
@@ -245,6 +247,8 @@ def run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic,
     else:
         fwd_p = _varlen_fwd_params(q, k, v, out, lse, dtype, args, *varlen)
         p = _bwd_params(fwd_p, dout[None], dlse, dq[None], dk[None], dv[None], deterministic)
+    p.fwd.learnable_sink = _ptr(None if sink[0] is None else sink[0].to(torch.float32).contiguous())
+    p.dsink = _ptr(sink[1])
     lib = _capi.lib()
     _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
 
@@ -262,36 +266,59 @@ def _f64(t):
     return wide if t.dim() == 0 or wide.stride(-1) == 1 or wide.shape[-1] <= 1 else wide.contiguous()
 
 
+def _check_sink(q, sink, nheads):
+    """learnable_sink: None, or one logit per query head (a 1-D floating tensor on q's device)."""
+    if sink is None:
+        return
+    if not isinstance(sink, Tensor) or sink.dim() != 1 or sink.shape[0] != nheads:
+        raise ValueError(f"learnable_sink must be a 1-D tensor of nheads = {nheads} logits, got "
+                         f"{tuple(sink.shape) if isinstance(sink, Tensor) else type(sink).__name__}")
+    if not sink.dtype.is_floating_point:
+        raise ValueError(f"learnable_sink must be a floating tensor, got {sink.dtype}")
+    if sink.device != q.device:
+        raise ValueError(f"learnable_sink is on {sink.device} but q is on {q.device}")
+
+
+def _dsink_like(sink, ref=None):
+    """The sink's gradient buffer, or an empty tensor where there is no sink (ops return tensors, not None)."""
+    if sink is None:
+        return (ref if ref is not None else torch.empty(0)).new_empty((0,), dtype=torch.float32)
+    return torch.empty_like(sink)
+
+
 _FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, int window_right, "
-               "float softcap, bool deterministic=False) -> (Tensor out, Tensor lse)")
+               "float softcap, bool deterministic=False, Tensor? learnable_sink=None) -> (Tensor out, Tensor lse)")
 _BWD_SCHEMA = ("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, "
-               "bool causal, int window_left, int window_right, float softcap, bool deterministic) "
-               "-> (Tensor dq, Tensor dk, Tensor dv)")
+               "bool causal, int window_left, int window_right, float softcap, bool deterministic, "
+               "Tensor? learnable_sink=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)")
 
 
 @torch.library.custom_op("flashcute::fwd", mutates_args=(), schema=_FWD_SCHEMA)
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int,
-        softcap: float, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+        softcap: float, deterministic: bool = False, learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     # deterministic only matters to the backward; it rides along so that setup_context can keep it.
     _check_inputs(q, k, v)
+    _check_sink(q, learnable_sink, q.shape[2])
     args = (softmax_scale, causal, window_left, window_right, softcap)
     batch, seqlen_q, nheads, _ = q.shape
     if q.device.type == "cuda":
         out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))
         lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
-        run_forward(q, k, v, out, lse, args)
+        run_forward(q, k, v, out, lse, args, sink=learnable_sink)
         return out, lse
-    q64, k64, v64 = (_f64(t) for t in (q, k, v))
+    q64, k64, v64, sink64 = (_f64(t) for t in (q, k, v, learnable_sink))
     out = torch.empty((batch, seqlen_q, nheads, v.shape[3]), dtype=torch.float64)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float64)
-    _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(_fwd_params(q64, k64, v64, out, lse,
-                                                                            _capi.FLOAT64, *args))))
+    p = _fwd_params(q64, k64, v64, out, lse, _capi.FLOAT64, *args)
+    p.learnable_sink = _ptr(sink64)
+    _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
     return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
 
 
 @fwd.register_fake
-def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic=False):
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic=False, learnable_sink=None):
     _check_inputs(q, k, v)
+    _check_sink(q, learnable_sink, q.shape[2])
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v.shape[3]))
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
@@ -300,51 +327,61 @@ def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, determ
 @torch.library.custom_op("flashcute::bwd", mutates_args=(), schema=_BWD_SCHEMA)
 def bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-        deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+        deterministic: bool, learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_bwd(dout, dlse, q, k, v, out, lse)
+    _check_sink(q, learnable_sink, q.shape[2])
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
         dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-        run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic)
-        return dq, dk, dv
-    q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
+        dsink = _dsink_like(learnable_sink, q)
+        run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, sink=(learnable_sink, dsink))
+        return dq, dk, dv, dsink
+    q64, k64, v64, out64, lse64, dout64, dlse64, sink64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse,
+                                                                            learnable_sink))
     lse64 = lse64.contiguous()
     dlse64 = None if dlse64 is None else dlse64.contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=torch.float64) for t in (q, k, v))
+    dsink64 = None if sink64 is None else torch.empty(sink64.shape, dtype=torch.float64)
     fwd_p = _fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, *args)
+    fwd_p.learnable_sink = _ptr(sink64)
     p = _bwd_params(fwd_p, dout64, dlse64, dq, dk, dv, deterministic)
+    p.dsink = _ptr(dsink64)
     _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dsink = _dsink_like(learnable_sink, q) if dsink64 is None else dsink64.to(learnable_sink.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink
 
 
 @bwd.register_fake
-def _(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+      learnable_sink=None):
     _check_bwd(dout, dlse, q, k, v, out, lse)
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    _check_sink(q, learnable_sink, q.shape[2])
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return (*grads, _dsink_like(learnable_sink, q))
 
 
 def _register_autograd(forward_op, backward_op, num_seq_tensors):
     """Autograd for a forward op whose inputs are q, k, v, then num_seq_tensors sequence tensors (varlen offsets,
-    passed through), then scalars ending with deterministic; backward_op takes (dout, dlse, q, k, v, out, lse,
-    *sequence tensors, *scalars)."""
+    passed through), then scalars ending with deterministic, then the learnable sink (or None); backward_op takes
+    (dout, dlse, q, k, v, out, lse, *sequence tensors, *scalars, sink) and returns (dq, dk, dv, dsink)."""
 
     def setup_context(ctx, inputs, output):
         n = 3 + num_seq_tensors
-        ctx.save_for_backward(*inputs[:n], *output)
-        ctx.args = inputs[n:]
+        ctx.save_for_backward(*inputs[:n], *output, inputs[-1])
+        ctx.args = inputs[n:-1]
         ctx.set_materialize_grads(False)  # an unused out or lse arrives as None (dlse None -> NULL in C)
 
     def backward(ctx, dout, dlse):
-        q, k, v, *seq, out, lse = ctx.saved_tensors
+        q, k, v, *seq, out, lse, sink = ctx.saved_tensors
         no_grads = (None,) * (num_seq_tensors + len(ctx.args))
         if dout is None and dlse is None:
-            return (None,) * 3 + no_grads
+            return (None,) * 3 + no_grads + (None,)
         if dout is None:
             dout = torch.zeros_like(out)
         *args, deterministic = ctx.args
         deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
-        dq, dk, dv = backward_op(dout, dlse, q, k, v, out, lse, *seq, *args, deterministic)
-        return (dq, dk, dv) + no_grads
+        dq, dk, dv, dsink = backward_op(dout, dlse, q, k, v, out, lse, *seq, *args, deterministic, sink)
+        return (dq, dk, dv) + no_grads + (None if sink is None else dsink,)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
 
@@ -430,10 +467,11 @@ def _varlen_fwd_params(q, k, v, out, lse, dtype, args, cu_seqlens_q, cu_seqlens_
 _VARLEN_ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? seqused_q, int max_seqlen_q, "
                 "int max_seqlen_k, "
                 "float softmax_scale, bool causal, int window_left, int window_right, float softcap")
-_VARLEN_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, {_VARLEN_ARGS}, bool deterministic=False) "
-                      "-> (Tensor out, Tensor lse)")
+_VARLEN_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, {_VARLEN_ARGS}, bool deterministic=False, "
+                      "Tensor? learnable_sink=None) -> (Tensor out, Tensor lse)")
 _VARLEN_BWD_SCHEMA = (f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                      f"{_VARLEN_ARGS}, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)")
+                      f"{_VARLEN_ARGS}, bool deterministic, Tensor? learnable_sink=None) "
+                      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)")
 
 
 @torch.library.custom_op("flashcute::varlen_fwd", mutates_args=(), schema=_VARLEN_FWD_SCHEMA)
@@ -441,9 +479,10 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                seqused_k: Optional[Tensor], seqused_q: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                softmax_scale: float, causal: bool,
                window_left: int, window_right: int, softcap: float,
-               deterministic: bool = False) -> tuple[Tensor, Tensor]:
+               deterministic: bool = False, learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
     _check_varlen(q, k, v, *varlen)
+    _check_sink(q, learnable_sink, q.shape[1])
     max_q, max_k = _varlen_lengths(q, k, *varlen)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
@@ -452,21 +491,22 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     if q.device.type == "cuda":
         out = q.new_zeros((total_q, nheads, v.shape[2]))
         lse = q.new_full((nheads, total_q), float("-inf"), dtype=torch.float32)
-        run_forward(q, k, v, out, lse, args, (*seqs, max_q, max_k))
+        run_forward(q, k, v, out, lse, args, (*seqs, max_q, max_k), sink=learnable_sink)
         return out, lse
-    q64, k64, v64 = (_f64(t) for t in (q, k, v))
+    q64, k64, v64, sink64 = (_f64(t) for t in (q, k, v, learnable_sink))
     out = torch.zeros((total_q, nheads, v.shape[2]), dtype=torch.float64)
     lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float64)
     p = _varlen_fwd_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, *seqs, max_q, max_k)
+    p.learnable_sink = _ptr(sink64)
     _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
     return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
 
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left,
-      window_right, softcap, deterministic=False):
+      window_left, window_right, softcap, deterministic=False, learnable_sink=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
+    _check_sink(q, learnable_sink, q.shape[1])
     total_q, nheads, _ = q.shape
     return q.new_empty((total_q, nheads, v.shape[2])), q.new_empty((nheads, total_q), dtype=_lse_dtype(q.dtype))
 
@@ -483,33 +523,44 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], seqused_q: Optional[Tensor],
                max_seqlen_q: int,
                max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
-               softcap: float, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+               softcap: float, deterministic: bool,
+               learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
     _check_varlen_bwd(dout, dlse, q, k, v, out, lse, *varlen)
+    _check_sink(q, learnable_sink, q.shape[1])
     max_q, max_k = _varlen_lengths(q, k, *varlen)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     # Rows that belong to no sequence get zero gradients.
     if q.device.type == "cuda":
         dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-        run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, (*seqs, max_q, max_k))
-        return dq, dk, dv
-    q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
+        dsink = _dsink_like(learnable_sink, q)
+        run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, (*seqs, max_q, max_k),
+                     sink=(learnable_sink, dsink))
+        return dq, dk, dv, dsink
+    q64, k64, v64, out64, lse64, dout64, dlse64, sink64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse,
+                                                                            learnable_sink))
     lse64 = lse64.contiguous()
     dlse64 = None if dlse64 is None else dlse64.contiguous()
     dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
+    dsink64 = None if sink64 is None else torch.empty(sink64.shape, dtype=torch.float64)
     fwd_p = _varlen_fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, args, *seqs, max_q, max_k)
+    fwd_p.learnable_sink = _ptr(sink64)
     p = _bwd_params(fwd_p, dout64[None], dlse64, dq[None], dk[None], dv[None], deterministic)
+    p.dsink = _ptr(dsink64)
     _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dsink = _dsink_like(learnable_sink, q) if dsink64 is None else dsink64.to(learnable_sink.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink
 
 
 @varlen_bwd.register_fake
 def _(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, window_left, window_right, softcap, deterministic):
+      softmax_scale, causal, window_left, window_right, softcap, deterministic, learnable_sink=None):
     _check_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q,
                       max_seqlen_k)
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    _check_sink(q, learnable_sink, q.shape[1])
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return (*grads, _dsink_like(learnable_sink, q))
 
 
 _register_autograd(varlen_fwd, varlen_bwd, 4)

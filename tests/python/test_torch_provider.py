@@ -52,7 +52,7 @@ def _reference_launches(monkeypatch):
 
     def backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, varlen=None):
         if varlen is None:
-            grads = ops.bwd(dout, dlse, q, k, v, out, lse, *args, deterministic)
+            grads = ops.bwd(dout, dlse, q, k, v, out, lse, *args, deterministic)[:3]
         else:
             grads = ops.varlen_bwd(dout, dlse, q, k, v, out, lse, *varlen, *args, deterministic)
         for dst, src in zip((dq, dk, dv), grads):
