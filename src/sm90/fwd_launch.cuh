@@ -9,7 +9,7 @@
 namespace flashcute::sm90 {
 
 // The TMA copy of a (seqlen, head_dim, heads, batch) tensor. The API guarantees 16-byte aligned rows; a stride of 0
-// (a dimension of size 1, see normalized() in src/api/validate.cpp) becomes 16 bytes, which TMA accepts.
+// (only on a dimension of size 1 here, see tma_strides_fit) becomes 16 bytes, which TMA accepts.
 template <class T>
 auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch, int64_t row_stride,
                  int64_t head_stride, int64_t batch_stride) {
@@ -22,13 +22,17 @@ auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch
                        Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
 }
 
-// TMA needs every stride below 2^40 bytes; elsewhere, and for varlen batches (whose rows past a sequence belong to
-// the next one, not zeros), the producer uses cp.async.
+// TMA needs every stride below 2^40 bytes, and no dimension of more than one element at stride 0 (an expanded
+// view: the API lets inputs repeat along batch, heads or rows). Elsewhere, and for varlen batches (whose rows past
+// a sequence belong to the next one, not zeros), the producer uses cp.async.
 inline bool tma_strides_fit(FwdKernelParams const& p) {
   int64_t const limit = (int64_t(1) << 39) / 2;  // elements of 2 bytes, with a factor 2 to spare
-  for (int64_t s : {p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.v_row_stride, p.v_head_stride,
-                    p.v_batch_stride})
-    if (s < 0 || s >= limit) return false;
+  int64_t const sizes[3] = {p.batch, p.seqlen_k, p.nheads_kv};
+  int64_t const strides[2][3] = {{p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+                                 {p.v_batch_stride, p.v_row_stride, p.v_head_stride}};
+  for (auto const& t : strides)
+    for (int i = 0; i < 3; ++i)
+      if (t[i] < 0 || t[i] >= limit || (t[i] == 0 && sizes[i] > 1)) return false;
   return true;
 }
 

@@ -151,6 +151,18 @@ def test_forward_strided_inputs():
     check_forward(q, k, v, out, lse, 1 / 8, True, (None, None), 0.0)
 
 
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+def test_forward_expanded_inputs(hd):
+    # K and V repeated along batch, heads and rows by stride-0 views (no copies): the Hopper forward cannot load
+    # those with TMA and must take its cp.async path; the result is the materialised tensors' bit for bit.
+    q = torch.randn(3, 130, 4, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 97, 1, hd, device="cuda", dtype=torch.bfloat16).expand(3, 97, 2, hd)
+    v = torch.randn(1, 1, 2, hd, device="cuda", dtype=torch.bfloat16).expand(3, 97, 2, hd)
+    out, lse = flashcute.flash_attn_func(q, k, v, causal=True)
+    ref_out, ref_lse = flashcute.flash_attn_func(q, k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 BWD_PAIRS = [(1, 1), (17, 113), (113, 17), (128, 128), (1013, 1013), (4096, 1013)]
 
 
