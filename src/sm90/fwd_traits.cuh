@@ -1,6 +1,6 @@
 // Compile-time description of one Hopper forward kernel: consumer warpgroups with wgmma tiles (one per 64 query
-// rows), a producer warpgroup that fills the K/V stages, GMMA shared-memory layouts for Q, K and V, the cp.async
-// copies, and the register split between the roles.
+// rows), a producer warpgroup that fills the K/V stages, GMMA shared-memory layouts for Q, K and V, the TMA and
+// cp.async copies, and the register split between the roles.
 #pragma once
 
 #include <cute/atom/copy_traits_sm90_tma.hpp>
