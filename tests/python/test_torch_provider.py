@@ -137,7 +137,7 @@ def test_sdpa_gives_flashcute_bits(causal, gqa):
 
 
 @pytest.mark.gpu
-def test_varlen_attn_gives_flashcute_bits():
+def test_varlen_attn_gives_flashcute_bits():  # forward and backward
     varlen = pytest.importorskip("torch.nn.attention.varlen")
     g = torch.Generator(device="cuda").manual_seed(3)
     lengths = (300, 17, 1, 700)
@@ -146,11 +146,23 @@ def test_varlen_attn_gives_flashcute_bits():
     # Causal is is_causal=True in some torch releases and window_size=(-1, 0) in others.
     causal = ({"is_causal": True} if "is_causal" in inspect.signature(varlen.varlen_attn).parameters
               else {"window_size": (-1, 0)})
-    with provider.enabled():
-        out = varlen.varlen_attn(q, k, v, cu, cu, max(lengths), max(lengths), **causal)
-    out = out[0] if isinstance(out, tuple) else out
-    ref, _ = flashcute.flash_attn_varlen_func(q, k, v, cu, cu, causal=True, max_seqlen_q=700, max_seqlen_k=700)
+    dout = torch.randn(q.shape, device="cuda", dtype=torch.float16, generator=g)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # both sides then take the bit-identical backward
+    try:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with provider.enabled():
+            out = varlen.varlen_attn(*leaves, cu, cu, max(lengths), max(lengths), **causal)
+            out = out[0] if isinstance(out, tuple) else out
+            grads = torch.autograd.grad(out, leaves, dout)
+        mine = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref, _ = flashcute.flash_attn_varlen_func(*mine, cu, cu, causal=True, max_seqlen_q=700, max_seqlen_k=700,
+                                                  deterministic=True)
+        ref_grads = torch.autograd.grad(ref, mine, dout)
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert torch.equal(out, ref)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu
