@@ -24,7 +24,7 @@ def _gpu():
         return f"no GPU ({exc})", None
 
 
-def ops_window(side):
+def _window(side):
     return _capi.WINDOW_UNBOUNDED if side is None else side
 
 
@@ -38,7 +38,7 @@ def _params(args):
     p.softmax_scale = args.head_dim ** -0.5
     p.causal = int(args.causal)
     p.softcap = args.softcap
-    p.window_left, p.window_right = (ops_window(args.window_left), ops_window(args.window_right))
+    p.window_left, p.window_right = _window(args.window_left), _window(args.window_right)
     return p
 
 

@@ -279,11 +279,22 @@ def _check_sink(q, sink, nheads):
         raise ValueError(f"learnable_sink is on {sink.device} but q is on {q.device}")
 
 
-def _dsink_like(sink, ref=None):
-    """The sink's gradient buffer, or an empty tensor where there is no sink (ops return tensors, not None)."""
-    if sink is None:
-        return (ref if ref is not None else torch.empty(0)).new_empty((0,), dtype=torch.float32)
-    return torch.empty_like(sink)
+def _dsink_like(sink, q):
+    """The sink's gradient buffer, or an empty tensor on q's device where there is no sink (ops return tensors, not
+    None)."""
+    return q.new_empty((0,), dtype=torch.float32) if sink is None else torch.empty_like(sink)
+
+
+def _reference_bwd(fwd_p, sink, q, dout64, dlse64, dq, dk, dv, deterministic):
+    """The float64 host reference backward, from fwd_p (float64 tensors) into the float64 gradient views as the C
+    API takes them; returns the sink's gradient in the sink's dtype (empty without a sink)."""
+    sink64 = _f64(sink)
+    dsink64 = None if sink64 is None else torch.empty(sink64.shape, dtype=torch.float64)
+    fwd_p.learnable_sink = _ptr(sink64)
+    p = _bwd_params(fwd_p, dout64, dlse64, dq, dk, dv, deterministic)
+    p.dsink = _ptr(dsink64)
+    _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
+    return _dsink_like(sink, q) if dsink64 is None else dsink64.to(sink.dtype)
 
 
 _FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, int window_right, "
@@ -336,18 +347,12 @@ def bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, o
         dsink = _dsink_like(learnable_sink, q)
         run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, sink=(learnable_sink, dsink))
         return dq, dk, dv, dsink
-    q64, k64, v64, out64, lse64, dout64, dlse64, sink64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse,
-                                                                            learnable_sink))
+    q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
     lse64 = lse64.contiguous()
     dlse64 = None if dlse64 is None else dlse64.contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=torch.float64) for t in (q, k, v))
-    dsink64 = None if sink64 is None else torch.empty(sink64.shape, dtype=torch.float64)
     fwd_p = _fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, *args)
-    fwd_p.learnable_sink = _ptr(sink64)
-    p = _bwd_params(fwd_p, dout64, dlse64, dq, dk, dv, deterministic)
-    p.dsink = _ptr(dsink64)
-    _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
-    dsink = _dsink_like(learnable_sink, q) if dsink64 is None else dsink64.to(learnable_sink.dtype)
+    dsink = _reference_bwd(fwd_p, learnable_sink, q, dout64, dlse64, dq, dk, dv, deterministic)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink
 
 
@@ -538,18 +543,13 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
         run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, (*seqs, max_q, max_k),
                      sink=(learnable_sink, dsink))
         return dq, dk, dv, dsink
-    q64, k64, v64, out64, lse64, dout64, dlse64, sink64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse,
-                                                                            learnable_sink))
+    q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
     lse64 = lse64.contiguous()
     dlse64 = None if dlse64 is None else dlse64.contiguous()
     dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
-    dsink64 = None if sink64 is None else torch.empty(sink64.shape, dtype=torch.float64)
     fwd_p = _varlen_fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, args, *seqs, max_q, max_k)
-    fwd_p.learnable_sink = _ptr(sink64)
-    p = _bwd_params(fwd_p, dout64[None], dlse64, dq[None], dk[None], dv[None], deterministic)
-    p.dsink = _ptr(dsink64)
-    _capi.check(_capi.lib().flashcute_reference_bwd(ctypes.byref(p)))
-    dsink = _dsink_like(learnable_sink, q) if dsink64 is None else dsink64.to(learnable_sink.dtype)
+    dsink = _reference_bwd(fwd_p, learnable_sink, q, dout64[None], dlse64, dq[None], dk[None], dv[None],
+                           deterministic)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink
 
 
