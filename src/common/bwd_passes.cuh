@@ -28,7 +28,7 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  int const smem = p.smem_request > T::kSmemBytes ? p.smem_request : T::kSmemBytes;  // padded under FLASHCUTE_ARCH
+  int const smem = launch_smem(p, T::kSmemBytes);
   if (smem > 48 * 1024) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;

@@ -56,6 +56,12 @@ struct FwdKernelParams {
   int smem_request;
 };
 
+// The dynamic shared memory a launcher requests for a mainloop kernel of kernel_smem bytes: its own, or more where
+// FLASHCUTE_ARCH emulation padded it (smem_request).
+inline int launch_smem(FwdKernelParams const& p, int kernel_smem) {
+  return p.smem_request > kernel_smem ? p.smem_request : kernel_smem;
+}
+
 struct BwdKernelParams : FwdKernelParams {
   void const* dout;
   int64_t dout_batch_stride, dout_row_stride, dout_head_stride;

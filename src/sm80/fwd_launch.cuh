@@ -10,7 +10,7 @@ namespace flashcute::sm80 {
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
   auto kernel = &fwd_kernel<T>;
-  int const smem = p.smem_request > T::kSmemBytes ? p.smem_request : T::kSmemBytes;  // padded under FLASHCUTE_ARCH
+  int const smem = launch_smem(p, T::kSmemBytes);
   if (smem > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;

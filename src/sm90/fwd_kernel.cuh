@@ -1,10 +1,10 @@
 // Hopper forward, warp-specialised: one CTA owns a kBlockM tile of queries of one head. A producer warpgroup
 // copies the visible K/V tiles into a ring of shared-memory stages (TMA for fixed-length batches, cp.async for varlen
 // and expanded views; zeros past the sequence and the head dim either way) and signals each stage through an
-// mbarrier; one consumer warpgroup per 64 query rows computes. The
-// consumers overlap their own softmax with their P.V MMA (S_{i} = Q K_i^T and O += P_{i-1} V_{i-1} are issued back
-// to back, the softmax of S_i runs while P_{i-1} V_{i-1} is in flight) and take turns issuing MMAs (named
-// barriers), so one warpgroup's softmax runs under the other's MMAs. Masking, softmax, tile order, the scheduler and
+// mbarrier; one consumer warpgroup per 64 query rows computes. The consumers overlap their own softmax with their
+// P.V MMA (S_{i} = Q K_i^T and O += P_{i-1} V_{i-1} are issued back to back, the softmax of S_i runs while
+// P_{i-1} V_{i-1} is in flight) and take turns issuing MMAs (named barriers), so one warpgroup's softmax runs under
+// the other's MMAs. Masking, softmax, tile order, the scheduler and
 // the lse store are shared with the portable family (src/common/).
 #pragma once
 

@@ -39,7 +39,7 @@ inline bool tma_strides_fit(FwdKernelParams const& p) {
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
   auto kernel = &fwd_kernel<T>;
-  int const smem = p.smem_request > T::kSmemBytes ? p.smem_request : T::kSmemBytes;  // padded under FLASHCUTE_ARCH
+  int const smem = launch_smem(p, T::kSmemBytes);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};

@@ -216,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(
       Case const& c = info.param;
       return "sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" + std::to_string(c.h) + "_kv" +
              std::to_string(c.hkv) + "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
-             (c.left != U || c.right != U ? (c.right < 0 ? "_window_neg" : "_window") : "") +
+             (c.left != U || c.right != U ? (c.right != U && c.right < 0 ? "_window_neg" : "_window") : "") +
              (c.softcap > 0 ? "_softcap" : "") +
              (c.varlen ? "_varlen" : "");
     });
