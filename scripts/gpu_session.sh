@@ -4,7 +4,8 @@
 #   KERNELS  kernel subset regex (default all)      PYTEST_ARGS  pytest arguments (default: all tests; empty: none)
 #   BENCH    bench/run.py arguments, empty to skip  BUILD_ONLY=1 stop after the build
 #   TUNE     kernel config names to time one by one (forced with FLASHCUTE_CONFIG), e.g. sm80_fwd_bf16_hd128_m128n64w8;
-#            each is timed in its own direction (fwd or bwd, from the name), at TUNE_SEQLEN (default 2k,8k)
+#            each is timed in its own direction (fwd or bwd, from the name), at TUNE_SEQLEN (default 2k,8k);
+#            name@NN times it under FLASHCUTE_ARCH=NN (occupancy-faithful emulation); TUNE_ARGS more bench arguments
 #   PYTEST_TIMEOUT  seconds for the pytest run (default 300); TEST_TIMEOUT the same for each C++ test binary
 #   SANITIZE=1  also run compute-sanitizer memcheck, racecheck and synccheck on tests/cpp/test_gpu_kernels
 #               (SANITIZE=memcheck: memcheck alone)
@@ -63,11 +64,13 @@ if [ -n "${BENCH:-}" ]; then
   python3 bench/run.py ${BENCH} --out "$out/bench" > "$out/bench.txt" 2>&1
   tail -n 60 "$out/bench.txt"
 fi
-for cfg in ${TUNE:-}; do
+for entry in ${TUNE:-}; do
+  cfg="${entry%@*}"; arch=""
+  [ "$cfg" != "$entry" ] && arch="${entry#*@}"
   hd="$(echo "$cfg" | sed -E 's/.*_hd([0-9]+)_.*/\1/')"
   dt="$(echo "$cfg" | sed -E 's/.*_(bf16|fp16)_.*/\1/')"
   mode="$(echo "$cfg" | sed -E 's/.*_(fwd|bwd)_.*/\1/')"
-  FLASHCUTE_CONFIG="$cfg" python3 bench/run.py --mode "$mode" --impl flashcute --dtype "$dt" --hdim "$hd" \
-    --seqlen "${TUNE_SEQLEN:-2k,8k}" --causal 0,1 --no-plots --no-ceilings --out "$out/tune" 2>&1 |
-    grep -E '^ *[0-9]+ +(no|yes)' | sed "s/^/$cfg /" | tee -a "$out/tune.txt"
+  FLASHCUTE_ARCH="$arch" FLASHCUTE_CONFIG="$cfg" python3 bench/run.py --mode "$mode" --impl flashcute --dtype "$dt" \
+    --hdim "$hd" --seqlen "${TUNE_SEQLEN:-2k,8k}" --causal 0,1 --no-plots --no-ceilings --out "$out/tune" \
+    ${TUNE_ARGS:-} 2>&1 | grep -E '^ *[0-9]+ +(no|yes)' | sed "s/^/$entry /" | tee -a "$out/tune.txt"
 done

@@ -21,14 +21,11 @@ FWD_SM80 = [
     # hd96: 128x32 (spill-free on sm_80, sm_90a and sm_120) replaced 128x64, which spilled 12 B on sm_80. Its speed
     # is not measured; on the H200, hd96 runs the Hopper family.
     ("sm80", "fwd", 96, 128, 32, 4, 2, 1, "36 KB, two CTAs on every profile"),
-    # hd128: 128x64 measured best (287-296) against 128x32 (275-295), 64x64 (270-278), 128x64 with 8 warps
-    # (242-251) and 128x128 with 8 warps (252-259), despite ptxas spills (sizes in bench/RESULTS.md). Run G
-    # again: 128x64 301-369 TFLOP/s (168 B of spills), spill-free 128x32 272-334, 8-10% slower. Run L (128x32
-    # loading B one copy ahead, spill-free on every target): 8-16% slower; RESULTS.md has the smem model.
-    # 128x64 was dropped in the fifth session: it spills 148-184 B on every target, and on sm_90 the Hopper family
-    # below now serves hd128. 128x32 serves every portable profile; on A100 (half the H200's mma.sync rate per SM,
-    # the same shared-memory bandwidth) the model says its extra ldmatrix traffic is not the bottleneck, but that
-    # is not measured: no A100 is at hand.
+    # hd128: 128x64 (168 B of ptxas spills on sm_90a, 148-184 B on every target) beats the spill-free 128x32 by
+    # 10-18% where two of its CTAs fit an SM (163/227 KB parts), and loses 7-14% where one does (99 KB parts);
+    # under FLASHCUTE_ARCH=80 it runs 1.06-1.10x FA2 (bench/RESULTS.md, ninth session, run 3). 128x32 is
+    # spill-free on every target.
+    ("sm80", "fwd", 128, 128, 64, 4, 2, 2, "64 KB, two CTAs on 163/227 KB parts; spills"),
     ("sm80", "fwd", 128, 128, 32, 4, 2, 1, "48 KB: two CTAs on every profile"),
     ("sm80", "fwd", 192, 128, 64, 8, 1, 2, "96 KB, 8 warps"),
     ("sm80", "fwd", 192, 64, 64, 4, 1, 1, "72 KB for 99 KB parts"),
@@ -54,22 +51,25 @@ def bwd_smem_bytes(head_dim, block_m, block_n, warps):
     return single + (q_stage if double else 0)
 
 
-# Two tile sets where they differ: 163/227 KB parts (priority 2) and 99 KB parts (priority 1). block_n sets how often
-# Q/dO are re-read and how many dQ additions each query row receives, so it stays as large as the part allows
-# without ptxas spills on any target (sm_80, sm_90a, sm_120). Dropped in the sixth session for their spills (bytes
-# on sm_80 / sm_90a / sm_120): hd64 128x128 (40/48/12), hd128 64x128 (64/52/0), hd192 64x64 (24/8/0), hd256 64x64
-# (56/48/0), hd256 32x32 w4 (48/32/12). On the H200, where they were 0.97-1.03x FA2, hd64 and
-# hd128 now run the Hopper family below.
+# Two tile sets: 163/227 KB parts (priority 2) and 99 KB parts (priority 1). block_n sets how often Q/dO are re-read
+# and how many dQ additions each query row receives, so it stays as large as the part allows. The fastest measured
+# tile ships even where ptxas spills a few bytes (spill stores on sm_90a in brackets): timed under the
+# occupancy-faithful FLASHCUTE_ARCH=80 / 86 on the H200 (bench/RESULTS.md, ninth session, run 3), the big-smem
+# tiles beat the spill-free ones they replace by 13% (hd64 128x128 vs 64x128), 35-40% (hd128 64x128 vs 64x64), 20-24%
+# (hd192 64x64 vs 32x64) and 20-24% (hd256 64x64 vs 32x64); on 99 KB parts hd128 32x128 beats 64x64 by 2-9% and
+# hd256 32x32 w4 beats 64x16 w4 by 38-41%.
 BWD_SM80 = [
-    ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "89 KB, Q double-buffered: every profile"),
+    ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "146 KB, Q double-buffered (88 B)"),
+    ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "89 KB, Q double-buffered: 99 KB parts"),
     ("sm80", "bwd", 96, 64, 128, 8, 1, 2, "117 KB, Q double-buffered"),
     ("sm80", "bwd", 96, 64, 64, 8, 1, 1, "77 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 128, 64, 64, 8, 1, 1, "97 KB, Q double-buffered: every profile"),
-    ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92.5 KB, Q double-buffered: every profile"),
-    ("sm80", "bwd", 256, 32, 64, 8, 1, 2, "120.5 KB, Q double-buffered"),
-    # 99 KB parts: 64x32 needs 104 KB; 32x32 w4 spilled 32-48 B on sm_80 in every variant tried (dQ in 8 chunks,
-    # B a copy ahead, a single Q stage); 64x16 w4 is spill-free (its dK, dV take 64 registers per thread).
-    ("sm80", "bwd", 256, 64, 16, 4, 1, 1, "84.5 KB, single Q stage: 99 KB parts"),
+    ("sm80", "bwd", 128, 64, 128, 8, 1, 2, "145 KB, Q double-buffered (20 B)"),
+    ("sm80", "bwd", 128, 32, 128, 8, 1, 1, "96.25 KB, single Q stage: 99 KB parts"),
+    ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "137 KB, Q double-buffered (16 B)"),
+    ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92.5 KB, Q double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144.5 KB, single Q stage (8 B)"),
+    # 99 KB parts: 64x32 needs 104 KB, 32x64 104.25 KB; 64x16 w4 (spill-free, 84.5 KB) is 38-41% slower.
+    ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84.5 KB, Q double-buffered (36 B): 99 KB parts"),
 ]
 
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares), warp-specialised: one consumer
