@@ -22,7 +22,7 @@ FWD_SM80 = [
     # is not measured; on the H200, hd96 runs the Hopper family.
     ("sm80", "fwd", 96, 128, 32, 4, 2, 1, "36 KB, two CTAs on every profile"),
     # hd128: 128x64 (168 B of ptxas spills on sm_90a, 148-184 B on every target) beats the spill-free 128x32 by
-    # 10-18% where two of its CTAs fit an SM (163/227 KB parts), and loses 7-14% where one does (99 KB parts);
+    # 9-18% where two of its CTAs fit an SM (163/227 KB parts), and loses 6-14% where one does (99 KB parts);
     # under FLASHCUTE_ARCH=80 it runs 1.06-1.10x FA2 (bench/RESULTS.md, ninth session, run 3). 128x32 is
     # spill-free on every target.
     ("sm80", "fwd", 128, 128, 64, 4, 2, 2, "64 KB, two CTAs on 163/227 KB parts; spills"),
@@ -55,9 +55,9 @@ def bwd_smem_bytes(head_dim, block_m, block_n, warps):
 # and how many dQ additions each query row receives, so it stays as large as the part allows. The fastest measured
 # tile ships even where ptxas spills a few bytes (spill stores on sm_90a in brackets): timed under the
 # occupancy-faithful FLASHCUTE_ARCH=80 / 86 on the H200 (bench/RESULTS.md, ninth session, run 3), the big-smem
-# tiles beat the spill-free ones they replace by 13% (hd64 128x128 vs 64x128), 35-40% (hd128 64x128 vs 64x64), 20-24%
-# (hd192 64x64 vs 32x64) and 20-24% (hd256 64x64 vs 32x64); on 99 KB parts hd128 32x128 beats 64x64 by 2-9% and
-# hd256 32x32 w4 beats 64x16 w4 by 38-41%.
+# tiles beat the spill-free ones they replace by 4-13% (hd64 128x128 vs 64x128), 21-40% (hd128 64x128 vs 64x64),
+# 17-24% (hd192 64x64 vs 32x64) and 19-25% (hd256 64x64 vs 32x64); on 99 KB parts hd128 32x128 beats 64x64 by 2-9%
+# and hd256 32x32 w4 beats 64x16 w4 by 38-42%.
 BWD_SM80 = [
     ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "146 KB, Q double-buffered (88 B)"),
     ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "89 KB, Q double-buffered: 99 KB parts"),
