@@ -47,8 +47,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
     any strides. Without autograd only (flash_attn_backward takes the gradient buffers).
 
     learnable_sink (H,): a logit per query head that joins every row's softmax denominator (GPT-OSS's attention
-    sinks); lse includes it, a row that sees no key gives out 0 and lse = sink, and it gets a gradient. So far on
-    CPU tensors only (the float64 reference); the GPU kernels refuse it.
+    sinks); lse includes it, a row that sees no key gives out 0 and lse = sink, and it gets a gradient. CPU tensors
+    run the float64 reference; the GPU kernels of both families take it in float32.
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_func needs torch")

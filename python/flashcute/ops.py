@@ -230,7 +230,8 @@ def run_forward(q, k, v, out, lse, args, varlen=None, sink=None):
         p = _fwd_params(q, k, v, out, lse, dtype, *args)
     else:
         p = _varlen_fwd_params(q, k, v, out, lse, dtype, args, *varlen)
-    p.learnable_sink = _ptr(None if sink is None else sink.to(torch.float32).contiguous())
+    sink32 = None if sink is None else sink.to(torch.float32).contiguous()  # held until the launch
+    p.learnable_sink = _ptr(sink32)
     lib = _capi.lib()
     _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
 
@@ -247,10 +248,17 @@ def run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic,
     else:
         fwd_p = _varlen_fwd_params(q, k, v, out, lse, dtype, args, *varlen)
         p = _bwd_params(fwd_p, dout[None], dlse, dq[None], dk[None], dv[None], deterministic)
-    p.fwd.learnable_sink = _ptr(None if sink[0] is None else sink[0].to(torch.float32).contiguous())
-    p.dsink = _ptr(sink[1])
+    # The kernels read and write float32 (lse's type); both stay referenced until the launch.
+    sink32 = None if sink[0] is None else sink[0].to(torch.float32).contiguous()
+    dsink = sink[1]
+    dsink32 = dsink if dsink is None or (dsink.dtype == torch.float32 and dsink.is_contiguous()) else \
+        torch.empty(dsink.shape, dtype=torch.float32, device=dsink.device)
+    p.fwd.learnable_sink = _ptr(sink32)
+    p.dsink = _ptr(dsink32)
     lib = _capi.lib()
     _launch_cuda(lib.flashcute_bwd, lib.flashcute_bwd_workspace_size, p, q.device)
+    if dsink32 is not dsink:
+        dsink.copy_(dsink32)
 
 
 def _f64(t):

@@ -36,6 +36,7 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   k.v = p.v;
   k.out = p.out;
   k.lse = static_cast<float*>(p.lse);
+  k.learnable_sink = static_cast<float const*>(p.learnable_sink);
   k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
   k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
   k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;
@@ -213,7 +214,7 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
     int device_sm = 0, smem_request = 0;
     if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm, &smem_request)) return s;
     if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
-                                        {p.workspace, "workspace"}}))
+                                        {p.learnable_sink, "learnable_sink"}, {p.workspace, "workspace"}}))
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
     if (auto s = check_workspace(p.workspace, p.workspace_size, span_bytes(p))) return s;
@@ -233,13 +234,15 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     auto const bp = normalized(*params);
     if (auto s = validate_bwd(&bp, Target::kDevice)) return s;
     auto const& p = bp.fwd;
-    if (!bwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
+    // No rows at all: the sink's gradient is 0, and no kernel would write it.
+    if (!bwd_has_work(p) && !p.varlen_status) return zero_device_floats(bp.dsink, p.nheads, stream, "dsink");
     KernelConfig const* cfg = nullptr;
     int device_sm = 0, smem_request = 0;
     if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm, &smem_request)) return s;
     if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
-                                        {bp.dout, "dout"}, {bp.dlse, "dlse"}, {bp.dq, "dq"}, {bp.dk, "dk"},
-                                        {bp.dv, "dv"}, {bp.workspace, "workspace"}}))
+                                        {p.learnable_sink, "learnable_sink"}, {bp.dout, "dout"},
+                                        {bp.dlse, "dlse"}, {bp.dq, "dq"}, {bp.dk, "dk"}, {bp.dv, "dv"},
+                                        {bp.dsink, "dsink"}, {bp.workspace, "workspace"}}))
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
     BwdLaunchFn launch = find_bwd_launcher(cfg->name);
@@ -251,11 +254,12 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     static_cast<FwdKernelParams&>(k) = kernel_params(p);
     k.smem_request = smem_request;
     if (auto s = prepare_varlen(p, base + ws.seq_spans, k, stream)) return s;
-    if (!bwd_has_work(p)) return FLASHCUTE_SUCCESS;
+    if (!bwd_has_work(p)) return zero_device_floats(bp.dsink, p.nheads, stream, "dsink");
     k.dout = bp.dout;
     k.dout_batch_stride = bp.dout_batch_stride, k.dout_row_stride = bp.dout_row_stride;
     k.dout_head_stride = bp.dout_head_stride;
     k.dlse = static_cast<float const*>(bp.dlse);
+    k.dsink = static_cast<float*>(bp.dsink);
     k.dq = bp.dq, k.dk = bp.dk, k.dv = bp.dv;
     k.dq_batch_stride = bp.dq_batch_stride, k.dq_row_stride = bp.dq_row_stride;
     k.dq_head_stride = bp.dq_head_stride;

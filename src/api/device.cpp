@@ -100,4 +100,13 @@ flashcute_status_t launch_status(int cuda_error, char const* kernel, int device_
   return fail(FLASHCUTE_ERROR_CUDA, std::string("kernel ") + kernel + ": " + cudaGetErrorString(err));
 }
 
+flashcute_status_t zero_device_floats(void* ptr, int64_t count, void* stream, char const* name) {
+  if (!ptr || count <= 0) return FLASHCUTE_SUCCESS;
+  if (auto s = check_device_pointer(ptr, name)) return s;
+  cudaError_t const err =
+      cudaMemsetAsync(ptr, 0, size_t(count) * sizeof(float), static_cast<cudaStream_t>(stream));
+  if (err == cudaSuccess) return FLASHCUTE_SUCCESS;
+  return fail(FLASHCUTE_ERROR_CUDA, std::string("zeroing ") + name + ": " + cudaGetErrorString(err));
+}
+
 }  // namespace flashcute

@@ -23,4 +23,7 @@ int current_sm_count();
 // Maps a launch's cudaError_t (as int) to a status, naming the arch and the rebuild flag for missing code.
 flashcute_status_t launch_status(int cuda_error, char const* kernel, int device_sm);
 
+// Zeroes `count` floats of device memory on the stream (an output that no kernel writes for an empty problem).
+flashcute_status_t zero_device_floats(void* ptr, int64_t count, void* stream, char const* name);
+
 }  // namespace flashcute

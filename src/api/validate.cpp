@@ -317,9 +317,6 @@ flashcute_status_t validate_fwd(flashcute_fwd_params const* p, Target target) {
   if (auto s = check_aliasing(outputs, inputs)) return s;
   if (target == Target::kHostReference && varlen_of(*p))
     if (auto s = check_host_offsets(*p)) return s;
-  if (p->learnable_sink && target == Target::kDevice)
-    return fail(FLASHCUTE_ERROR_UNSUPPORTED,
-                "learnable_sink: the GPU kernels do not have attention sinks yet (the host reference does)");
   return FLASHCUTE_SUCCESS;
 }
 
@@ -353,6 +350,7 @@ flashcute_status_t validate_bwd(flashcute_bwd_params const* p, Target target) {
   inputs.push_back(dout);
   if (p->dlse) inputs.push_back(dlse);
   if (p->dsink && !f.learnable_sink) return bad("dsink is set but fwd.learnable_sink is NULL");
+  if (p->dsink && p->dsink == f.learnable_sink) return bad("dsink aliases fwd.learnable_sink");
   return check_aliasing(grads, inputs);
 }
 

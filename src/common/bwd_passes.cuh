@@ -1,7 +1,7 @@
 // The kernels of one backward call, for every backward family, on one stream: preprocess (row terms, zeroed
-// workspace), the family's mainloop kernel, dQ conversion, and for GQA without determinism the dK/dV conversion.
-// The preprocess and conversion kernels are portable; the mainloop's traits T only lend them tile sizes and the
-// dQ accumulator's fragment order.
+// workspace), the learnable sink's gradient where asked for, the family's mainloop kernel, dQ conversion, and for
+// GQA without determinism the dK/dV conversion. The preprocess and conversion kernels are portable; the mainloop's
+// traits T only lend them tile sizes and the dQ accumulator's fragment order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +27,9 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
   bwd_preprocess_kernel<Element><<<pre_grid, BwdRowKernel::kThreads, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  if (p.dsink && p.learnable_sink) {
+    bwd_dsink_kernel<BwdRowKernel::kThreads><<<p.nheads, BwdRowKernel::kThreads, 0, stream>>>(p);
+  }
 
   int const smem = launch_smem(p, T::kSmemBytes);
   if (smem > 48 * 1024) {

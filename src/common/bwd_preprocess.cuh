@@ -103,4 +103,34 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
   }
 }
 
+// The learnable sink's gradient, as reference/reference.cpp derives it: dsink[h] = -sum_i exp(sink_h - lse_i) D_i
+// over the query rows of head h in every sequence, from the row terms the preprocess wrote (padded rows, and rows
+// without keys or sink, hold lse_log2 = +inf and add 0). One CTA per query head, each thread a fixed stride of
+// rows, then a fixed-order reduction: the same bits on every run. (A template, as the other passes, so that every
+// translation unit may hold it.)
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) bwd_dsink_kernel(__grid_constant__ BwdKernelParams const p) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float warp_sums[kWarps];
+  int const h = blockIdx.x;
+  float const sink_log2 = p.learnable_sink[h] * kLog2e;
+  float sum = 0.f;
+  for (int b = 0; b < p.batch; ++b) {
+    int64_t const base = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded;
+    for (int i = threadIdx.x; i < p.seqlen_q_rounded; i += kThreads)
+      sum += exp2f(sink_log2 - p.lse_log2[base + i]) * p.dsoftmax_sum[base + i];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+    p.dsink[h] = -total;
+  }
+}
+
 }  // namespace flashcute

@@ -27,6 +27,7 @@ struct FwdKernelParams {
   void const* v;
   void* out;
   float* lse;  // may be null
+  float const* learnable_sink;  // may be null: one logit per query head in every row's softmax denominator
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
@@ -66,6 +67,7 @@ struct BwdKernelParams : FwdKernelParams {
   void const* dout;
   int64_t dout_batch_stride, dout_row_stride, dout_head_stride;
   float const* dlse;  // may be null
+  float* dsink;       // may be null (needs learnable_sink): the sink's gradient, (nheads) float32
 
   void* dq;
   void* dk;

@@ -82,23 +82,37 @@ struct OnlineSoftmax {
   }
 
   // Each row's normaliser (0 for a row that saw no key) and lse (natural log; -inf for such rows), for kernels
-  // that scale O as they store it.
-  CUTE_DEVICE void finish(float scale_log2, float (&inv)[kRows], float (&lse)[kRows]) const {
+  // that scale O as they store it. A learnable sink (sink_log2 = its logit * log2(e); -inf: none) joins every
+  // row's denominator as one more logit without a value row: the row's scale then moves to the larger of its
+  // max score and the sink, and a row that saw no key gets out 0 and lse = the sink (flashcute.h).
+  CUTE_DEVICE void finish(float scale_log2, float (&inv)[kRows], float (&lse)[kRows],
+                          float sink_log2 = -INFINITY) const {
     constexpr float kLn2 = 0.6931471805599453f;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float const sum = quad_allreduce(row_sum[r], SumOp{});
       bool const empty = sum == 0.f || sum != sum;
-      inv[r] = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
+      if (sink_log2 == -INFINITY) {
+        inv[r] = empty ? 0.f : 1.f / sum;
+        lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
+      } else {
+        // O and sum are relative to the row max (scaled): rescale both to top = max(row max, sink) first.
+        float const row_top = empty ? -INFINITY : row_max[r] * scale_log2;
+        float const top = fmaxf(row_top, sink_log2);
+        float const keep = exp2f(row_top - top);  // 0 for an empty row
+        float const total = (empty ? 0.f : sum) * keep + exp2f(sink_log2 - top);
+        inv[r] = keep / total;
+        lse[r] = (top + __log2f(total)) * kLn2;
+      }
     }
   }
 
-  // Normalise acc_o and return each row's lse (natural log); rows that saw no key give out 0, lse -inf.
+  // Normalise acc_o and return each row's lse (natural log); rows that saw no key give out 0, lse -inf (or the
+  // sink's logit, see finish).
   template <class AccO>
-  CUTE_DEVICE void finalize(AccO& acc_o, float scale_log2, float (&lse)[kRows]) const {
+  CUTE_DEVICE void finalize(AccO& acc_o, float scale_log2, float (&lse)[kRows], float sink_log2 = -INFINITY) const {
     float inv[kRows];
-    finish(scale_log2, inv, lse);
+    finish(scale_log2, inv, lse, sink_log2);
     rescale(acc_o, inv);
   }
 };

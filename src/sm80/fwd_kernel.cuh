@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   }
 
   float lse[kRows];
-  softmax.finalize(acc_o, p.scale_log2, lse);
+  softmax.finalize(acc_o, p.scale_log2, lse, sink_log2(p, h));
 
   // Epilogue: O goes through shared memory (Q's buffer, which no warp reads any more: the last barrier above
   // followed the last Q.K) so global stores are 16-byte vectors along rows.

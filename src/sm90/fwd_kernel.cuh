@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   }
 
   float inv[kRows], lse[kRows];
-  softmax.finish(p.scale_log2, inv, lse);
+  softmax.finish(p.scale_log2, inv, lse, sink_log2(p, h));
 
   // Epilogue: O goes through shared memory as float32, unnormalised, each accumulator pair stored straight from its
   // registers; then every thread normalises, converts and stores 16-byte vectors along rows. Normalising or

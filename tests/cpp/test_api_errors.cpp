@@ -124,8 +124,8 @@ TEST(ApiErrors, GpuOnlyRulesAreNamed) {
   }
 }
 
-// Attention sinks: the host reference has them; the GPU entry points refuse them by name until the kernels do.
-TEST(ApiErrors, LearnableSinkIsReferenceOnlySoFar) {
+// Attention sinks: the host reference runs them; dsink needs a sink and must not overwrite it.
+TEST(ApiErrors, LearnableSinkArguments) {
   std::vector<double> sink(4, 0.5), dsink(4, NAN);
   HostProblem p;
   p.fwd.learnable_sink = sink.data();
@@ -134,13 +134,13 @@ TEST(ApiErrors, LearnableSinkIsReferenceOnlySoFar) {
   ASSERT_EQ(flashcute_reference_fwd(&p.fwd), FLASHCUTE_SUCCESS) << flashcute_last_error();
   ASSERT_EQ(flashcute_reference_bwd(&p.bwd), FLASHCUTE_SUCCESS) << flashcute_last_error();
   for (double x : dsink) EXPECT_TRUE(std::isfinite(x));
-  HostProblem g;
-  g.fwd.dtype = FLASHCUTE_BFLOAT16;
-  g.fwd.learnable_sink = sink.data();
-  expect_error(flashcute_fwd(&g.fwd, nullptr), FLASHCUTE_ERROR_UNSUPPORTED, "learnable_sink");
   HostProblem d;
   d.bwd.dsink = dsink.data();
   expect_error(flashcute_reference_bwd(&d.bwd), FLASHCUTE_ERROR_INVALID_ARGUMENT, "dsink");
+  HostProblem a;
+  a.bwd.fwd.learnable_sink = sink.data();
+  a.bwd.dsink = sink.data();
+  expect_error(flashcute_reference_bwd(&a.bwd), FLASHCUTE_ERROR_INVALID_ARGUMENT, "dsink");
 }
 
 TEST(ApiErrors, BackwardArgumentsAreNamed) {
