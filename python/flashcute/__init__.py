@@ -9,9 +9,13 @@ except ModuleNotFoundError:  # the ctypes layer and `python -m flashcute.info` w
     _torch = None
 else:  # (as _torch: the name flashcute.torch belongs to the PyTorch provider submodule)
     from . import ops as _ops
+    from .kvcache import flash_attn_with_kvcache
+if _torch is None:
+    def flash_attn_with_kvcache(*args, **kwargs):
+        raise ModuleNotFoundError("flash_attn_with_kvcache needs torch")
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_backward", "version", "build_info",
-           "FlashCuteError"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_backward", "version",
+           "build_info", "FlashCuteError"]
 
 
 def _arguments(q, softmax_scale, causal, window_size, softcap, deterministic):

@@ -145,3 +145,42 @@ def test_graph_backward_alone():
     want = torch.autograd.grad((out, lse), leaves, (dout, dlse), retain_graph=True)
     for name, a, b in zip(("dq", "dk", "dv"), grads, want):
         assert torch.equal(a, b), f"{name} differs from eager"
+
+
+def test_kvcache_decode_with_append_replays():
+    """flash_attn_with_kvcache (paged, appending one token per step, device-side cache_seqlens) captured once and
+    replayed for several decode steps gives eager's bits and the same cache contents."""
+    from flashcute import flash_attn_with_kvcache
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    batch, page, pages_per_seq, hkv, d = 3, 16, 8, 2, 64
+    k_pages, v_pages = (torch.randn(batch * pages_per_seq, page, hkv, d, device="cuda", dtype=torch.bfloat16,
+                                    generator=gen) for _ in range(2))
+    table = torch.randperm(batch * pages_per_seq, device="cuda", generator=gen).view(batch, -1).to(torch.int32)
+    steps = [(torch.randn(batch, 1, 8, d, device="cuda", dtype=torch.bfloat16, generator=gen),
+              torch.randn(batch, 1, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen),
+              torch.randn(batch, 1, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)) for _ in range(4)]
+    start = torch.tensor([5, 70, 100], dtype=torch.int32, device="cuda")
+
+    def step(q, k, v, kc, vc, lengths):
+        out, lse = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lengths, page_table=table, causal=True)
+        lengths += 1
+        return out, lse
+
+    eager_k, eager_v, eager_len = k_pages.clone(), v_pages.clone(), start.clone()
+    eager = [step(q, k, v, eager_k, eager_v, eager_len) for q, k, v in steps]
+
+    sq, sk, sv = (t.clone() for t in steps[0])
+    gk, gv, glen = k_pages.clone(), v_pages.clone(), start.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on copies, so the graph's cache starts where eager's did
+        step(sq, sk, sv, gk.clone(), gv.clone(), glen.clone())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = step(sq, sk, sv, gk, gv, glen)
+    for (q, k, v), (e_out, e_lse) in zip(steps, eager):
+        sq.copy_(q), sk.copy_(k), sv.copy_(v)
+        graph.replay()
+        assert torch.equal(g_out, e_out) and torch.equal(g_lse, e_lse)
+    assert torch.equal(gk, eager_k) and torch.equal(gv, eager_v) and torch.equal(glen, eager_len)

@@ -1,0 +1,201 @@
+"""flash_attn_with_kvcache: contiguous and paged caches, appending new keys (with rotary embedding), decode-shaped
+queries, GQA, causal against the cache length, varlen queries, sinks, and named errors. On CPU tensors (the float64
+reference through the same composition) and, where a GPU is present, on it against the same call on the CPU."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashcute  # noqa: E402
+
+
+def _rand(*shape, seed=0, dtype=torch.float64, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def _per_sequence(q, k_cache, v_cache, lengths, **kw):
+    """Each sequence alone through flash_attn_func over its first lengths[b] cache rows."""
+    outs, lses = [], []
+    for b, n in enumerate(lengths):
+        o, l_ = flashcute.flash_attn_func(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], **kw)
+        outs.append(o)
+        lses.append(l_)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def _paged(cache, page_size, seed=0):
+    """The same cache as shuffled pages: (pages, page_table) with page_table[b, i] holding row block i of b."""
+    batch, rows = cache.shape[:2]
+    per = rows // page_size
+    perm = torch.randperm(batch * per, generator=torch.Generator().manual_seed(seed))
+    pages = torch.empty(batch * per + 3, page_size, *cache.shape[2:], dtype=cache.dtype)  # spare pages too
+    blocks = cache.reshape(batch * per, page_size, *cache.shape[2:])
+    pages[perm] = blocks
+    return pages, perm.reshape(batch, per).to(torch.int32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_contiguous_cache_matches_each_sequence(causal):
+    q, kc, vc = _rand(3, 2, 4, 16), _rand(3, 40, 2, 16, seed=1), _rand(3, 40, 2, 16, seed=2)
+    lengths = [40, 7, 1]
+    out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                                                 causal=causal)
+    ref_out, ref_lse = _per_sequence(q, kc, vc, lengths, causal=causal)
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-12, atol=1e-12)
+    assert lse.shape == (3, 4, 2) and lse.is_contiguous()
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_paged_cache_is_bit_identical_to_contiguous(page_size):
+    q, kc, vc = _rand(2, 3, 4, 8), _rand(2, 80, 2, 8, seed=1), _rand(2, 80, 2, 8, seed=2)
+    lengths = torch.tensor([80, 33], dtype=torch.int32)
+    kp, table = _paged(kc, page_size, seed=3)
+    vp, _ = _paged(vc, page_size, seed=3)
+    for causal in (False, True):
+        out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=causal)
+        pout, plse = flashcute.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lengths, page_table=table,
+                                                       causal=causal)
+        assert torch.equal(out, pout) and torch.equal(lse, plse)
+
+
+def test_append_writes_the_cache_and_attends_to_it():
+    kc, vc = _rand(2, 20, 1, 8, seed=1), _rand(2, 20, 1, 8, seed=2)
+    q, k, v = _rand(2, 3, 2, 8), _rand(2, 3, 1, 8, seed=4), _rand(2, 3, 1, 8, seed=5)
+    lengths = torch.tensor([5, 12], dtype=torch.int32)
+    before_k = kc.clone()
+    out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lengths, causal=True)
+    for b, n in enumerate((5, 12)):
+        torch.testing.assert_close(kc[b, n:n + 3], k[b], rtol=0, atol=0)
+        torch.testing.assert_close(vc[b, n:n + 3], v[b], rtol=0, atol=0)
+        torch.testing.assert_close(kc[b, :n], before_k[b, :n], rtol=0, atol=0)
+        assert torch.equal(kc[b, n + 3:], before_k[b, n + 3:])
+    ref_out, ref_lse = _per_sequence(q, kc, vc, [8, 15], causal=True)
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_append_into_pages_matches_contiguous():
+    kc, vc = _rand(2, 24, 2, 8, seed=1), _rand(2, 24, 2, 8, seed=2)
+    kp, table = _paged(kc, 4, seed=7)
+    vp, _ = _paged(vc, 4, seed=7)
+    q, k, v = _rand(2, 2, 4, 8), _rand(2, 2, 2, 8, seed=4), _rand(2, 2, 2, 8, seed=5)
+    lengths = torch.tensor([3, 21], dtype=torch.int32)
+    out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lengths, causal=True)
+    pout, plse = flashcute.flash_attn_with_kvcache(q, kp, vp, k, v, cache_seqlens=lengths, page_table=table,
+                                                   causal=True)
+    assert torch.equal(out, pout) and torch.equal(lse, plse)
+    rows = kp[table.long()].reshape(2, 24, 2, 8)
+    assert torch.equal(rows, kc)
+
+
+def _rotary_tables(positions, rotary_dim):
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
+    return angles.cos(), angles.sin()
+
+
+def _rotate_manual(x, cos, sin, pos, interleaved):
+    out = x.clone()
+    half = cos.shape[1]
+    for b in range(x.shape[0]):
+        for s in range(x.shape[1]):
+            c, sn = cos[pos[b][s]], sin[pos[b][s]]
+            for i in range(half):
+                a, bb = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+                x1, x2 = x[b, s, :, a], x[b, s, :, bb]
+                out[b, s, :, a] = x1 * c[i] - x2 * sn[i]
+                out[b, s, :, bb] = x1 * sn[i] + x2 * c[i]
+    return out
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_rotary_rotates_q_and_the_new_keys(interleaved, causal):
+    kc, vc = _rand(2, 16, 1, 8, seed=1), _rand(2, 16, 1, 8, seed=2)
+    q, k, v = _rand(2, 2, 2, 8), _rand(2, 2, 1, 8, seed=4), _rand(2, 2, 1, 8, seed=5)
+    cos, sin = _rotary_tables(32, 6)  # rotary_dim 6 of head_dim 8: the last two channels pass through
+    lengths = [4, 9]
+    kc2, vc2 = kc.clone(), vc.clone()
+    out, _ = flashcute.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                                               causal=causal, rotary_cos=cos, rotary_sin=sin,
+                                               rotary_interleaved=interleaved)
+    k_pos = [[n + j for j in range(2)] for n in lengths]
+    q_pos = k_pos if causal else [[n, n] for n in lengths]
+    k_rot = _rotate_manual(k, cos, sin, k_pos, interleaved)
+    q_rot = _rotate_manual(q, cos, sin, q_pos, interleaved)
+    for b, n in enumerate(lengths):
+        kc2[b, n:n + 2], vc2[b, n:n + 2] = k_rot[b], v[b]
+    torch.testing.assert_close(kc, kc2, rtol=1e-12, atol=1e-12)
+    ref_out, _ = _per_sequence(q_rot, kc2, vc2, [n + 2 for n in lengths], causal=causal)
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+
+
+def test_varlen_queries_and_sink():
+    kc, vc = _rand(2, 12, 2, 8, seed=1), _rand(2, 12, 2, 8, seed=2)
+    q = _rand(5, 4, 8)
+    cu = torch.tensor([0, 1, 5], dtype=torch.int32)
+    sink = _rand(4, seed=9)
+    lengths = torch.tensor([12, 6], dtype=torch.int32)
+    out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, cu_seqlens_q=cu, causal=True,
+                                                 learnable_sink=sink)
+    for b, (lo, hi) in enumerate(((0, 1), (1, 5))):
+        n = int(lengths[b])
+        o, l_ = flashcute.flash_attn_func(q[None, lo:hi], kc[b:b + 1, :n], vc[b:b + 1, :n], causal=True,
+                                          learnable_sink=sink)
+        torch.testing.assert_close(out[lo:hi], o[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse[:, lo:hi], l_[0], rtol=1e-12, atol=1e-12)
+
+
+def test_whole_cache_by_default_and_num_splits_accepted():
+    q, kc, vc = _rand(1, 1, 2, 8), _rand(1, 9, 2, 8, seed=1), _rand(1, 9, 2, 8, seed=2)
+    out, _ = flashcute.flash_attn_with_kvcache(q, kc, vc, num_splits=4)
+    ref, _ = flashcute.flash_attn_func(q, kc, vc)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(cache_seqlens=torch.tensor([3], dtype=torch.int64)), "cache_seqlens must be"),
+    (dict(cache_seqlens=torch.tensor([20], dtype=torch.int32)), "more than the cache holds"),
+    (dict(num_splits=-1), "num_splits"),
+    (dict(page_table=torch.zeros(1, 2, dtype=torch.int64)), "page_table"),
+    (dict(k=_rand(1, 1, 2, 8)), "k and v"),
+    (dict(k=_rand(1, 1, 2, 8), v=_rand(1, 1, 2, 8)), "needs cache_seqlens"),
+])
+def test_errors_name_the_argument(kwargs, match):
+    q, kc, vc = _rand(1, 1, 2, 8), _rand(1, 9, 2, 8, seed=1), _rand(1, 9, 2, 8, seed=2)
+    with pytest.raises(ValueError, match=match):
+        flashcute.flash_attn_with_kvcache(q, kc, vc, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [None, 16, 7])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_decode_matches_cpu(page_size, dtype):
+    """Decode (one and four query rows, GQA 32/8, hd128) on the GPU: the same call on the CPU in float64 is the
+    reference, under the 2x rule against plain PyTorch in the dtype (attn_ref), per sequence."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from attn_ref import check, forward
+    dt = getattr(torch, dtype)
+    lengths = [300, 1, 77]
+    for sq in (1, 4):
+        q = _rand(3, sq, 32, 128, seed=sq, dtype=dt, device="cuda")
+        kc, vc = (_rand(3, 304, 8, 128, seed=s, dtype=dt, device="cuda") for s in (1, 2))
+        kw = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"), causal=True)
+        if page_size is None:
+            out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, **kw)
+        else:
+            rows = math.ceil(304 / page_size) * page_size
+            pad = (lambda t: torch.cat([t, t.new_zeros(3, rows - 304, *t.shape[2:])], 1))
+            kp, table = _paged(pad(kc).cpu(), page_size, seed=1)
+            vp, _ = _paged(pad(vc).cpu(), page_size, seed=1)
+            out, lse = flashcute.flash_attn_with_kvcache(q, kp.cuda(), vp.cuda(), page_table=table.cuda(), **kw)
+        for b, n in enumerate(lengths):
+            args = (q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], q.shape[-1] ** -0.5, True, (None, None), 0.0)
+            ref_o, ref_l = forward(*(t.double() for t in args[:3]), *args[3:], torch.float64)
+            base_o, base_l = forward(*args, dt)
+            check(out[b:b + 1], ref_o, base_o, 1e-5, "out")
+            check(lse[b:b + 1], ref_l, base_l, 1e-5, "lse")
