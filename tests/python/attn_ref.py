@@ -44,11 +44,16 @@ def _probs(s, lse):
     return torch.exp(s - lse[..., None].masked_fill(empty, 0.0)).masked_fill(empty, 0.0)
 
 
-def forward(q, k, v, scale, causal, window, softcap, dtype):
-    """Returns out (B, Sq, H, Dv) and lse (B, H, Sq)."""
+def forward(q, k, v, scale, causal, window, softcap, dtype, sink=None):
+    """Returns out (B, Sq, H, Dv) and lse (B, H, Sq). sink (H,): a learnable sink's logits, one more term of every
+    row's softmax denominator (rows that see no key then give out 0 and lse = the sink)."""
     vis = visible_mask(q.shape[1], k.shape[1], causal, window, q.device)
     s, _ = _scores(q, k, scale, softcap, vis, dtype)
-    lse = torch.logsumexp(s, dim=-1)
+    if sink is None:
+        lse = torch.logsumexp(s, dim=-1)
+    else:
+        extra = sink.to(device=s.device, dtype=s.dtype)[None, :, None, None].expand(*s.shape[:3], 1)
+        lse = torch.logsumexp(torch.cat((s, extra), dim=-1), dim=-1)
     p = _probs(s, lse)
     out = torch.matmul(p.to(dtype), _heads(v, q.shape[2], dtype))
     return out.transpose(1, 2), lse
@@ -79,6 +84,17 @@ def backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtyp
 
     # Gradients come back in the input dtype, as from any PyTorch attention backward.
     return tuple(g.to(q.dtype) for g in (dq.transpose(1, 2), fold(dk), fold(dv)))
+
+
+def dsink(out, lse, dout, dlse, sink):
+    """The sink's gradient: -sum over rows of exp(sink_h - lse) (rowsum(dout * out) - dlse), per head, in the
+    precision of lse (float64 for the reference); rows of lse = -inf add nothing."""
+    acc = lse.dtype
+    d = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # (B, H, Sq)
+    if dlse is not None:
+        d = d - dlse.to(acc)
+    w = torch.exp(sink.to(device=lse.device, dtype=acc)[None, :, None] - lse).masked_fill(torch.isinf(lse), 0.0)
+    return -(w * d).sum(dim=(0, 2))
 
 
 def ulp(x, dtype):

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashcute  # noqa: E402
-from attn_ref import backward, check, forward  # noqa: E402
+from attn_ref import backward, check, dsink, forward  # noqa: E402
 from test_gpu_grid import forced_arch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("flashcute_library")
@@ -65,6 +65,7 @@ def draw_case(rng):
     else:
         c["batch"] = rng.randint(1, 3)
         c["seqlen_q"], c["seqlen_k"] = draw_seqlen(rng), draw_seqlen(rng)
+    c["sink"] = rng.random() < 0.15  # drawn last: the other fields of a seed's cases stay as before
     return c
 
 
@@ -76,29 +77,40 @@ def tensors(shape, dtype, strided, gen):
     return big[..., 1:, 8:]
 
 
-def reference_grads(q, k, v, dout, dlse, scale, causal, window, softcap, dtype):
-    out, lse = forward(q, k, v, scale, causal, window, softcap, dtype)
-    return (out, lse, *backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtype))
+def reference_grads(q, k, v, dout, dlse, scale, causal, window, softcap, dtype, sink=None):
+    """out, lse, dq, dk, dv, and with a sink its gradient."""
+    out, lse = forward(q, k, v, scale, causal, window, softcap, dtype, sink)
+    grads = backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtype)
+    return (out, lse, *grads) + (() if sink is None else (dsink(out, lse, dout, dlse, sink),))
 
 
-def packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, used_q, scale, c, dtype):
+def packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, used_q, scale, c, dtype, sink=None):
     """reference_grads in dtype, sequence by sequence, packed like varlen's outputs; rows of no sequence, and
-    sequences without keys, keep out 0, lse -inf and zero gradients."""
+    sequences without keys, keep out 0, lse -inf (with a sink: the sink's logit) and zero gradients."""
     lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     out = torch.zeros(*q.shape[:2], v.shape[2], dtype=dtype, device="cuda")
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=lse_dtype, device="cuda")
     dq, dk, dv = (torch.zeros(t.shape, dtype=dtype, device="cuda") for t in (q, k, v))
+    d_sink = None if sink is None else torch.zeros(q.shape[1], dtype=lse_dtype, device="cuda")
     for b in range(len(cu_q) - 1):
         q0, k0 = cu_q[b], cu_k[b]
         q1 = cu_q[b + 1] if used_q is None else q0 + used_q[b]
         k1 = cu_k[b + 1] if used is None else k0 + used[b]
-        if q1 == q0 or k1 == k0:
+        if q1 == q0:
+            continue
+        dls = None if dlse is None else dlse[:, q0:q1].to(lse_dtype)[None]
+        if k1 == k0:  # no keys: only a sink gives these rows an lse (and its gradient their -dlse terms)
+            if sink is not None:
+                lse[:, q0:q1] = sink.to(lse_dtype)[:, None]
+                if dls is not None:
+                    d_sink += dls[0].sum(-1)
             continue
         seq = [t.to(dtype)[None] for t in (q[q0:q1], k[k0:k1], v[k0:k1], dout[q0:q1])]
-        dls = None if dlse is None else dlse[:, q0:q1].to(lse_dtype)[None]
-        r = reference_grads(*seq, dls, scale, c["causal"], c["window"], c["softcap"], dtype)
-        out[q0:q1], lse[:, q0:q1], dq[q0:q1], dk[k0:k1], dv[k0:k1] = (x[0] for x in r)
-    return out, lse, dq, dk, dv
+        r = reference_grads(*seq, dls, scale, c["causal"], c["window"], c["softcap"], dtype, sink)
+        out[q0:q1], lse[:, q0:q1], dq[q0:q1], dk[k0:k1], dv[k0:k1] = (x[0] for x in r[:5])
+        if sink is not None:
+            d_sink += r[5]
+    return (out, lse, dq, dk, dv) + (() if sink is None else (d_sink,))
 
 
 def run(c, seed):
@@ -133,14 +145,17 @@ def run(c, seed):
         v = tensors((b, sk, hkv, dv), dtype, c["strided"], gen)
         dout = torch.randn(b, sq, h, dv, device="cuda", dtype=dtype, generator=gen)
         dlse = torch.randn(b, h, sq, device="cuda", generator=gen) if c["dlse"] else None
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    sink = torch.randn(h, device="cuda", generator=gen) * 2 if c.get("sink") else None
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)] + ([] if sink is None else [sink.requires_grad_()])
+    if sink is not None:
+        kw["learnable_sink"] = sink
     with forced_arch(c["arch"]):
         torch.empty(4 * (q.numel() + k.numel() + v.numel()) + 4096, device="cuda").fill_(float("nan"))  # poison
         if c["varlen"]:
-            out, lse = flashcute.flash_attn_varlen_func(*leaves, *args, seqused_k=used_t, seqused_q=used_q_t, **kw,
-                                                        **given)
+            out, lse = flashcute.flash_attn_varlen_func(*leaves[:3], *args, seqused_k=used_t, seqused_q=used_q_t,
+                                                        **kw, **given)
         else:
-            out, lse = flashcute.flash_attn_func(*leaves, **kw)
+            out, lse = flashcute.flash_attn_func(*leaves[:3], **kw)
         outs, cots = ([out, lse], [dout, dlse]) if dlse is not None else ([out], [dout])
         grads = torch.autograd.grad(outs, leaves, cots)
     ours = (out, lse, *grads)
@@ -149,14 +164,19 @@ def run(c, seed):
     window = c["window"]
     if not c["varlen"]:
         ref = reference_grads(*(t.double() for t in (q, k, v, dout)), None if dlse is None else dlse.double(),
-                              scale, c["causal"], window, c["softcap"], torch.float64)
-        base = reference_grads(q, k, v, dout, dlse, scale, c["causal"], window, c["softcap"], dtype)
+                              scale, c["causal"], window, c["softcap"], torch.float64,
+                              None if sink is None else sink.detach().double())
+        base = reference_grads(q, k, v, dout, dlse, scale, c["causal"], window, c["softcap"], dtype,
+                               None if sink is None else sink.detach())
     else:
-        ref = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, c["used_q"], scale, c, torch.float64)
-        base = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, c["used_q"], scale, c, dtype)
+        s = None if sink is None else sink.detach()
+        ref = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, c["used_q"], scale, c, torch.float64,
+                               None if s is None else s.double())
+        base = packed_reference(q, k, v, dout, dlse, cu_q, cu_k, used, c["used_q"], scale, c, dtype, s)
     # One ulp of the output dtype on top of the rule: with few elements (one query row, head_dim_v 8) the baseline's
     # largest error can fall just short of a rounding boundary that ours crosses (bench/RESULTS.md, seventh session).
-    for name, a, r, bse, atol in zip(("out", "lse", "dq", "dk", "dv"), ours, ref, base, (1e-5, 1e-5, 1e-4, 1e-4, 1e-4)):
+    names, atols = ("out", "lse", "dq", "dk", "dv", "dsink"), (1e-5, 1e-5, 1e-4, 1e-4, 1e-4, 1e-3)
+    for name, a, r, bse, atol in zip(names, ours, ref, base, atols):
         check(a, r, bse, atol, name, ulps=1)
 
 
