@@ -1,6 +1,7 @@
 """Random problems against the float64 reference: shapes (odd sizes, Sq != Sk, head dims 8..256), dtypes, masks,
-softcap, GQA, varlen with seqused_k/seqused_q and padding rows, strided inputs, dlse, deterministic mode and the arch
-profiles' kernels (FLASHCUTE_ARCH), forward and backward, with the error rule of DESIGN.md section 3.
+softcap, GQA, varlen with seqused_k/seqused_q and padding rows, strided inputs, dlse, deterministic mode, learnable
+sinks and the arch profiles' kernels (FLASHCUTE_ARCH), forward and backward, with the error rule of DESIGN.md
+section 3.
 
 The rule is DESIGN.md's plus one ulp of the output dtype per element (see check()). A short run is part of the
 GPU suite; the long one is `pytest -m fuzz tests/python/test_fuzz.py` with
