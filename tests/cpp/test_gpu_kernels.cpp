@@ -33,6 +33,7 @@ struct Case {
   long long left, right;
   float softcap;
   bool varlen = false;  // b sequences of decreasing lengths (max sq, sk), packed, with seqused_k
+  bool sink = false;    // a learnable sink per query head, and its gradient
 };
 
 void PrintTo(Case const& c, std::ostream* os) {
@@ -99,6 +100,9 @@ void run(Case const& c) {
   size_t const nq = (size_t)cu_q.back() * c.h * c.d, nk = (size_t)cu_k.back() * c.hkv * c.d;
   size_t const nl = (size_t)cu_q.back() * c.h;
   std::vector<double> q = randv(nq), k = randv(nk), v = randv(nk), dout = randv(nq), dlse = randv(nl);
+  std::vector<double> sink = randv(c.h), dsink_ref(c.h, NAN);
+  std::vector<float> sinkf(sink.begin(), sink.end());
+  for (size_t i = 0; i < sink.size(); ++i) sink[i] = sinkf[i];  // the reference sees the GPU's float32 logits
   auto qh = to_bf16(q), kh = to_bf16(k), vh = to_bf16(v), douth = to_bf16(dout);
   std::vector<float> dlsef(dlse.begin(), dlse.end());
 
@@ -118,11 +122,13 @@ void run(Case const& c) {
   r.dtype = FLASHCUTE_FLOAT64, r.q = q.data(), r.k = k.data(), r.v = v.data(), r.out = out_ref.data();
   r.lse = lse_ref.data();
   if (c.varlen) r.cu_seqlens_q = cu_q.data(), r.cu_seqlens_k = cu_k.data(), r.seqused_k = used_k.data();
+  if (c.sink) r.learnable_sink = sink.data();
   ASSERT_EQ(flashcute_reference_fwd(&r), FLASHCUTE_SUCCESS) << flashcute_last_error();
 
   DeviceBuffer dq_(nq * 2), dk_(nk * 2), dv_(nk * 2), dout_(nq * 2), out(nq * 2), lse(nl * 4), dlse_(nl * 4);
-  DeviceBuffer qd(nq * 2), kd(nk * 2), vd(nk * 2);
-  upload(qd, qh), upload(kd, kh), upload(vd, vh), upload(dout_, douth), upload(dlse_, dlsef);
+  DeviceBuffer qd(nq * 2), kd(nk * 2), vd(nk * 2), sink_(c.h * 4), dsink_(c.h * 4);
+  upload(qd, qh), upload(kd, kh), upload(vd, vh), upload(dout_, douth), upload(dlse_, dlsef), upload(sink_, sinkf);
+  if (c.sink) p.learnable_sink = sink_.ptr;
   p.dtype = FLASHCUTE_BFLOAT16, p.q = qd.ptr, p.k = kd.ptr, p.v = vd.ptr, p.out = out.ptr, p.lse = lse.ptr;
   DeviceBuffer cu_qd(cu_q.size() * 4, 0), cu_kd(cu_k.size() * 4, 0), used_kd(used_k.size() * 4, 0);
   DeviceBuffer status(4);
@@ -166,6 +172,7 @@ void run(Case const& c) {
   flashcute_bwd_params_init(&rb);
   rb.fwd = r, rb.fwd.out = out_gpu.data(), rb.fwd.lse = lse_gpu.data();
   rb.dout = dout.data(), rb.dlse = dlse.data(), rb.dq = dq_ref.data(), rb.dk = dk_ref.data(), rb.dv = dv_ref.data();
+  if (c.sink) rb.dsink = dsink_ref.data();
   rb.dout_batch_stride = p.q_batch_stride, rb.dout_row_stride = p.q_row_stride, rb.dout_head_stride = p.q_head_stride;
   rb.dq_batch_stride = p.q_batch_stride, rb.dq_row_stride = p.q_row_stride, rb.dq_head_stride = p.q_head_stride;
   rb.dk_batch_stride = p.k_batch_stride, rb.dk_row_stride = p.k_row_stride, rb.dk_head_stride = p.k_head_stride;
@@ -176,6 +183,7 @@ void run(Case const& c) {
     flashcute_bwd_params g = rb;
     g.fwd = p, g.fwd.workspace = nullptr, g.fwd.workspace_size = 0, g.dout = dout_.ptr, g.dlse = dlse_.ptr, g.dq = dq_.ptr, g.dk = dk_.ptr, g.dv = dv_.ptr;
     g.deterministic = deterministic;
+    g.dsink = c.sink ? dsink_.ptr : nullptr;
     size_t ws = 0;
     ASSERT_EQ(flashcute_bwd_workspace_size(&g, &ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
     DeviceBuffer work(ws ? ws : 1);
@@ -190,6 +198,12 @@ void run(Case const& c) {
     expect_close(dq_h, dq_ref, "dq");
     expect_close(dk_h, dk_ref, "dk");
     expect_close(dv_h, dv_ref, "dv");
+    if (c.sink) {
+      std::vector<float> dsink_h(c.h);
+      cudaMemcpy(dsink_h.data(), dsink_.ptr, c.h * 4, cudaMemcpyDeviceToHost);
+      double const scale = std::fmax(max_abs(dsink_ref), 1e-3);
+      for (int i = 0; i < c.h; ++i) EXPECT_NEAR(dsink_h[i], dsink_ref[i], 2e-2 * scale) << "dsink[" << i << "]";
+    }
   }
 }
 
@@ -211,14 +225,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 65, 70, 2, 2, 256, false, U, U, 10.f},  // softcap, odd sizes
                       Case{1, 1, 1, 2, 2, 192, false, U, U, 0.f},     // seqlen 1
                       Case{3, 150, 97, 4, 2, 64, true, U, U, 0.f, true},     // varlen + seqused_k, GQA, causal
-                      Case{4, 120, 200, 2, 2, 128, false, 30, U, 0.f, true}), // varlen + seqused_k, window
+                      Case{4, 120, 200, 2, 2, 128, false, 30, U, 0.f, true},  // varlen + seqused_k, window
+                      Case{2, 113, 17, 4, 1, 128, true, U, U, 0.f, false, true},  // sink; empty rows give lse = sink
+                      Case{3, 150, 97, 4, 2, 256, true, U, U, 5.f, true, true}),  // sink, varlen, GQA, softcap
     [](::testing::TestParamInfo<Case> const& info) {
       Case const& c = info.param;
       return "sq" + std::to_string(c.sq) + "_sk" + std::to_string(c.sk) + "_h" + std::to_string(c.h) + "_kv" +
              std::to_string(c.hkv) + "_d" + std::to_string(c.d) + (c.causal ? "_causal" : "") +
              (c.left != U || c.right != U ? (c.right != U && c.right < 0 ? "_window_neg" : "_window") : "") +
              (c.softcap > 0 ? "_softcap" : "") +
-             (c.varlen ? "_varlen" : "");
+             (c.varlen ? "_varlen" : "") + (c.sink ? "_sink" : "");
     });
 
 // ---------------------------------------------------------------------------------------------------------------
