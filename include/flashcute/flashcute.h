@@ -115,8 +115,8 @@ typedef struct flashcute_fwd_params {
 
   /* Optional learnable sink (GPT-OSS's attention sinks): nheads logits, one per query head, that join every row's
      softmax denominator: out_i = sum_j exp(s_ij - lse_i) v_j with lse_i = log(exp(sink_h) + sum_j exp(s_ij)), so a
-     row that sees no key gives out 0 and lse = sink_h. Same element type as lse (float64 for the reference).
-     NULL: none. So far only the host reference has it; the GPU entry points refuse it (FLASHCUTE_ERROR_UNSUPPORTED). */
+     row that sees no key gives out 0 and lse = sink_h. Same element type as lse (float32 on the GPU, float64 for the
+     reference). NULL: none. */
   const void* learnable_sink;
 } flashcute_fwd_params;
 
