@@ -1,0 +1,126 @@
+"""Decode benchmark (issue #17): a few query rows per sequence against a long KV cache, contiguous or paged,
+flashcute's flash_attn_with_kvcache beside PyTorch SDPA (the backend torch picks, GQA through enable_gqa, on the
+contiguous cache) in one process. Decode is bound by reading the cache, so the figure of merit is bandwidth: the K
+and V bytes of every used cache row over the call's time, as a share of the device copy ceiling measured in the
+same run (bytes read + written per second of a large device-to-device copy).
+
+    python bench/decode.py                      # H = 32, Hkv = 8, hd128, bf16, the issue's grid
+    python bench/decode.py --batch 1,8 --cache 4k,32k --page 0,64 --dry-run
+
+SDPA's row uses is_causal=False: with one query row that is the same attention; with four it attends to up to
+three more keys than the bottom-right causal mask flashcute applies (a negligible difference in bytes)."""
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _p in (os.path.join(ROOT, "python"), ROOT):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+
+def sizes(text):
+    """'4k,128k,300' -> [4096, 131072, 300]."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        out.append(int(part[:-1]) * 1024 if part.endswith("k") else int(part))
+    return out
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", default="1,8,64")
+    ap.add_argument("--sq", default="1,4", help="query rows per sequence")
+    ap.add_argument("--cache", default="4k,32k,128k", help="cache rows per sequence (all used)")
+    ap.add_argument("--page", default="0,16,64,256", help="page sizes; 0: a contiguous cache")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--heads-kv", type=int, default=8)
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--max-gib", type=float, default=40.0, help="skip shapes whose cache exceeds this")
+    ap.add_argument("--target-s", type=float, default=0.2)
+    ap.add_argument("--dry-run", action="store_true", help="print the grid and exit (no GPU needed)")
+    return ap.parse_args(argv)
+
+
+def grid(args):
+    cases = []
+    for b in sizes(args.batch):
+        for n in sizes(args.cache):
+            cache_bytes = 2 * b * n * args.heads_kv * args.hdim * 2  # K and V, 16-bit
+            if cache_bytes > args.max_gib * 2**30:
+                continue
+            for sq in sizes(args.sq):
+                for page in sizes(args.page):
+                    if page and n % page:
+                        continue
+                    cases.append((b, sq, n, page, cache_bytes))
+    return cases
+
+
+def main(argv=None):
+    args = parse(argv)
+    cases = grid(args)
+    if args.dry_run:
+        print(f"{len(cases)} shapes (batch, sq, cache rows, page size; H {args.heads}/{args.heads_kv}, "
+              f"hd{args.hdim}):")
+        for c in cases:
+            print("  ", c[:4])
+        return 0
+    import torch
+    import torch.nn.functional as F
+    import flashcute
+    from bench.ceilings import copy_gbps
+    from bench.timing import cuda_time
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU found; --dry-run shows the grid without one", file=sys.stderr)
+        return 2
+    copy = copy_gbps()
+    print(f"{torch.cuda.get_device_name()}: copy ceiling {copy:.0f} GB/s (read + write); bf16, H {args.heads}/"
+          f"{args.heads_kv}, hd{args.hdim}, every cache row used, causal")
+    print(f"{'batch':>5} {'sq':>3} {'cache':>7} {'page':>5} | {'flashcute ms':>12} {'GB/s':>6} {'%copy':>6} | "
+          f"{'sdpa ms':>8} {'GB/s':>6} {'%copy':>6} | {'fc/sdpa':>7}")
+    dt = torch.bfloat16
+    groups = {}
+    for b, sq, n, page, nbytes in cases:
+        groups.setdefault((b, sq, n, nbytes), []).append(page)
+    for (b, sq, n, nbytes), pages in groups.items():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(b, sq, args.heads, args.hdim, device="cuda", dtype=dt, generator=gen)
+        kc, vc = (torch.randn(b, n, args.heads_kv, args.hdim, device="cuda", dtype=dt, generator=gen)
+                  for _ in range(2))
+        lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        qt, kt, vt = q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+        try:
+            s_ms = cuda_time(lambda i: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
+                             target_s=args.target_s).median_ms
+        except RuntimeError as e:  # out of memory, or no backend for the shape
+            print(f"  sdpa: {str(e).splitlines()[0]}")
+            s_ms = float("nan")
+        for page in pages:
+            table, ck, cv = None, kc, vc
+            if page:  # the same cache as shuffled pages
+                per = n // page
+                perm = torch.randperm(b * per, device="cuda", generator=gen)
+                ck, cv = (torch.empty(b * per, page, args.heads_kv, args.hdim, device="cuda", dtype=dt)
+                          for _ in range(2))
+                ck[perm] = kc.reshape(b * per, page, args.heads_kv, args.hdim)
+                cv[perm] = vc.reshape(b * per, page, args.heads_kv, args.hdim)
+                table = perm.view(b, per).to(torch.int32)
+            t = cuda_time(lambda i: flashcute.flash_attn_with_kvcache(q, ck, cv, cache_seqlens=lengths,
+                                                                       page_table=table, causal=True),
+                          target_s=args.target_s)
+            fc_gbs, s_gbs = nbytes / (t.median_ms * 1e6), nbytes / (s_ms * 1e6)
+            print(f"{b:>5} {sq:>3} {n:>7} {page or '-':>5} | {t.median_ms:>12.3f} {fc_gbs:>6.0f} "
+                  f"{fc_gbs / copy:>6.0%} | {s_ms:>8.3f} {s_gbs:>6.0f} {s_gbs / copy:>6.0%} | "
+                  f"{s_ms / t.median_ms:>7.2f}", flush=True)
+            ck = cv = None  # freed before the next layout is built
+            torch.cuda.empty_cache()
+        q = kc = vc = qt = kt = vt = None
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
