@@ -152,7 +152,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         positions = seqlens.long()[:, None] + torch.arange(new, device=device)[None, :]  # (batch, new)
         if rotary:
             k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
-            local = causal or window_size != (None, None)
+            local = causal or tuple(window_size) != (None, None)
             q_pos = seqlens.long()[:, None] + (torch.arange(q.shape[1], device=device)[None, :] if local else 0)
             q = _rotate(q, rotary_cos, rotary_sin, q_pos.expand(batch, q.shape[1]), rotary_interleaved)
         if paged:
