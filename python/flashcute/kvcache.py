@@ -3,12 +3,14 @@ values appended first (optionally rotated). Composed from the varlen kernels: se
 row block b (its first cache_seqlens[b] + new keys take part), so every kernel family, mask, softcap, GQA and
 learnable sink serve it, and it is CUDA-graph capturable (no host read unless a check needs one outside capture).
 A paged cache is gathered into that layout first (page by page, through the page table): correct and
-bit-identical to the same cache laid out contiguously, but a copy; kernels that read pages in place and split the
-keys for decode are the next step (issue #17)."""
+bit-identical to the same cache laid out contiguously, but a copy; kernels that read pages in place are the next
+step (issue #17). Decode-shaped calls pack GQA and split the keys (decode.py)."""
 import numbers
 
 import torch
 from torch import Tensor
+
+from . import decode
 
 
 def _int32_vector(x, name, batch, device):
@@ -97,8 +99,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), with k given: k is rotated at its cache positions and q at
     cache_seqlens[b] + i (causal or local) or cache_seqlens[b] (otherwise), interleaved or half-split pairs.
     q: (batch, seqlen_q, nheads, head_dim), or (total_q, nheads, head_dim) with cu_seqlens_q (int32 (batch + 1,);
-    max_seqlen_q to stay off the host). num_splits is accepted for FlashAttention's API (0 = automatic); no
-    split-KV kernel exists yet, so it changes nothing. learnable_sink, softcap, window_size as flash_attn_func.
+    max_seqlen_q to stay off the host). num_splits: how many chunks each sequence's keys are cut into for
+    decode-shaped calls (one query row, or no causal mask; no window), their partial results combined in float32;
+    0 picks from the SM count and the work (1 on the CPU). learnable_sink, softcap, window_size as
+    flash_attn_func.
     """
     from . import flash_attn_varlen_func  # the package's public entry, imported late: it imports this module
 
@@ -180,6 +184,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                                           learnable_sink=learnable_sink)
         return out, lse
     seqlen_q = q.shape[1]
+    if decode.applies(seqlen_q, causal, window_size):  # decode-shaped: pack GQA, split the keys (decode.py)
+        group = q.shape[2] // k_cache.shape[2]
+        splits = decode.choose_splits(num_splits, batch, k_cache.shape[2], seqlen_q * group, capacity, device)
+        if splits > 1 or (group > 1 and learnable_sink is None):
+            return decode.decode_attention(q, keys, values, used, capacity, softmax_scale, softcap, learnable_sink,
+                                           splits)
     cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_q
     out, lse = flash_attn_varlen_func(q.reshape(batch * seqlen_q, *q.shape[2:]), keys, values, cu_q, cu_k,
                                       softmax_scale=softmax_scale, causal=causal, window_size=window_size,

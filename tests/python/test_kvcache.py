@@ -156,6 +156,36 @@ def test_whole_cache_by_default_and_num_splits_accepted():
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_decode_split_and_packed_gqa(num_splits, with_sink):
+    """Decode-shaped calls (one query row; or several without a causal mask) pack the query heads of a K/V head
+    and split the keys into num_splits chunks (python/flashcute/decode.py); combined, they match each sequence
+    alone, empty sequences included (out 0, lse -inf, or lse = the sink)."""
+    kc, vc = _rand(3, 40, 2, 8, seed=1), _rand(3, 40, 2, 8, seed=2)
+    sink = _rand(8, seed=9) if with_sink else None
+    lengths = [40, 0, 13]
+    for sq, causal in ((1, True), (3, False)):
+        q = _rand(3, sq, 8, 8, seed=sq)
+        out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                                                     causal=causal, num_splits=num_splits, learnable_sink=sink)
+        ref_out, ref_lse = _per_sequence(q, kc, vc, lengths, causal=causal, learnable_sink=sink)
+        torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse, ref_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_decode_split_in_bf16_keeps_the_error_rule():
+    """The partial outputs pass through bf16 before the float32 combine: still within 2x of plain PyTorch."""
+    from attn_ref import check, forward
+    kc, vc = _rand(2, 300, 2, 64, seed=1, dtype=torch.bfloat16), _rand(2, 300, 2, 64, seed=2, dtype=torch.bfloat16)
+    q = _rand(2, 1, 8, 64, dtype=torch.bfloat16)
+    out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, causal=True, num_splits=5)
+    ref_o, ref_l = forward(*(t.double() for t in (q, kc, vc)), 0.125, True, (None, None), 0.0, torch.float64)
+    base_o, base_l = forward(q, kc, vc, 0.125, True, (None, None), 0.0, torch.bfloat16)
+    check(out, ref_o, base_o, 1e-5, "out")
+    check(lse, ref_l, base_l, 1e-5, "lse")
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(cache_seqlens=torch.tensor([3], dtype=torch.int64)), "cache_seqlens must be"),
     (dict(cache_seqlens=torch.tensor([20], dtype=torch.int32)), "more than the cache holds"),
