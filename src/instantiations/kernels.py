@@ -100,7 +100,14 @@ BWD_SM90 = [
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "209 KB"),
 ]
 
-KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + BWD_SM90
+# Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with
+# the 24 / 240 register split (src/sm90/fwd_traits.cuh), for an A/B against the shipped 128-key tiles.
+FWD_SM90_CANDIDATES = [
+    ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 113 KB"),
+    ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
+]
+
+KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
 
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
 # (both dtypes' code paths, both tile sets, tuning candidates left out).

@@ -27,9 +27,11 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
   // Two K/V stages: three (hd64-128) measured no faster (bench/RESULTS.md, eighth session, run 4).
   static constexpr int kStages = 2;
   static_assert(kBlockM % 64 == 0 && kConsumerThreads == 128 * (kBlockM / 64), "one warpgroup per 64 query rows");
-  // setmaxnreg budgets (65536 registers per SM, one CTA): the producer only computes addresses.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // setmaxnreg budgets (65536 registers per SM, one CTA): the producer only computes addresses. Key tiles wider
+  // than 128 (tuning candidates) hold larger S accumulators: their consumers take 240 and the producer 24, FA3's
+  // split (ptxas: hd128 n176 then spills 32 B, against 44 B at 232).
+  static constexpr int kProducerRegs = kBlockN > 128 ? 24 : 40;
+  static constexpr int kConsumerRegs = kBlockN > 128 ? 240 : 232;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 65536);
   // Q is loaded by the consumers themselves, before their first MMA.
   using GmemLoadQ = typename GmemCopies<Element, kHeadDim, kConsumerThreads>::GmemLoad;
