@@ -27,7 +27,10 @@ def _int32_vector(x, name, batch, device):
 
 
 def _host_checks_allowed(device):
-    """Checks that read device values on the host: everywhere except under CUDA graph capture."""
+    """Checks that read device values on the host: everywhere except under CUDA graph capture and torch.compile
+    tracing (where they would break the graph)."""
+    if torch.compiler.is_compiling():
+        return False
     return device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 
 
