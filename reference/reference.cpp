@@ -40,6 +40,7 @@ Sequence sequence(flashcute_fwd_params const& p, int64_t b) {
     s.batch = b;
     s.sq = static_cast<int>(p.seqlen_q);
     s.sk = s.sk_rows = static_cast<int>(p.seqlen_k);
+    if (p.seqused_k != nullptr) s.sk = p.seqused_k[b];  // paged K/V: the cache's used rows
     s.lse0 = b * p.lse_batch_stride;
     return s;
   }
@@ -60,6 +61,19 @@ struct View {
   int64_t batch_stride, row_stride, head_stride;
   T* row(Sequence const& s, int64_t row0, int64_t r, int64_t h) const {
     return base + s.batch * batch_stride + (row0 + r) * row_stride + h * head_stride;
+  }
+};
+
+// K or V rows of the forward: a View, or with page_table the rows of a paged cache (key j of sequence b is row
+// j % page_size of page page_table[b][j / page_size]).
+struct KeyRows {
+  View<double const> view;
+  int32_t const* page_table = nullptr;
+  int64_t table_stride = 0, page_size = 1;
+  double const* row(Sequence const& s, int64_t j, int64_t h) const {
+    if (!page_table) return view.row(s, s.k_row0, j, h);
+    int64_t const page = page_table[s.batch * table_stride + j / page_size];
+    return view.base + page * view.batch_stride + (j % page_size) * view.row_stride + h * view.head_stride;
   }
 };
 
@@ -113,8 +127,10 @@ void zero_rows(View<double> const& t, Sequence const& s, int64_t row0, int rows,
 
 void forward(flashcute_fwd_params const& p) {
   View<double const> const q{static_cast<double const*>(p.q), p.q_batch_stride, p.q_row_stride, p.q_head_stride};
-  View<double const> const k{static_cast<double const*>(p.k), p.k_batch_stride, p.k_row_stride, p.k_head_stride};
-  View<double const> const v{static_cast<double const*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride};
+  KeyRows const k{{static_cast<double const*>(p.k), p.k_batch_stride, p.k_row_stride, p.k_head_stride},
+                  p.page_table, p.page_table_batch_stride, p.page_size};
+  KeyRows const v{{static_cast<double const*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride},
+                  p.page_table, p.page_table_batch_stride, p.page_size};
   View<double> const out{static_cast<double*>(p.out), p.out_batch_stride, p.out_row_stride, p.out_head_stride};
   double* const lse = static_cast<double*>(p.lse);
   double const* const sink = static_cast<double const*>(p.learnable_sink);
@@ -140,7 +156,7 @@ void forward(flashcute_fwd_params const& p) {
         for (int j = 0; j < seq.sk; ++j) {
           if (!mask.visible(i, j)) continue;
           keys.push_back(j);
-          s.push_back(score(qi, k.row(seq, seq.k_row0, j, hk), d, scale, cap).s);
+          s.push_back(score(qi, k.row(seq, j, hk), d, scale, cap).s);
           if (s.back() > m) m = s.back();
         }
         // The sink joins the denominator as one more logit, with no value row.
@@ -154,7 +170,7 @@ void forward(flashcute_fwd_params const& p) {
         for (size_t n = 0; n < keys.size(); ++n) {
           double const w = std::exp(s[n] - m);
           l += w;
-          double const* vj = v.row(seq, seq.k_row0, keys[n], hk);
+          double const* vj = v.row(seq, keys[n], hk);
           for (int64_t e = 0; e < dv; ++e) o[e] += w * vj[e];
         }
         double* oi = out.row(seq, seq.q_row0, i, h);

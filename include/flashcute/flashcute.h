@@ -118,6 +118,18 @@ typedef struct flashcute_fwd_params {
      row that sees no key gives out 0 and lse = sink_h. Same element type as lse (float32 on the GPU, float64 for the
      reference). NULL: none. */
   const void* learnable_sink;
+
+  /* Optional paged K/V, a KV cache in pages (the fixed-length batch; forward only). k and v then hold num_pages
+     pages of page_size rows: row r of page g starts g * k_batch_stride + r * k_row_stride elements in (likewise
+     v), and key j of sequence b is row j % page_size of page page_table[b * page_table_batch_stride + j /
+     page_size] (int32). Sequence b's keys are its first seqused_k[b] (seqused_k is allowed here without varlen;
+     NULL: seqlen_k each), so a row of page_table names ceil(seqlen_k / page_size) pages, of which only those
+     holding used keys are read. NULL: k and v are (batch, seqlen_k, ...) as usual. The GPU kernels do not read
+     pages yet (FLASHCUTE_ERROR_UNSUPPORTED); flashcute.flash_attn_with_kvcache gathers them there. */
+  const int32_t* page_table;
+  int64_t page_table_batch_stride;
+  int64_t page_size;
+  int64_t num_pages;
 } flashcute_fwd_params;
 
 typedef struct flashcute_bwd_params {

@@ -44,6 +44,8 @@ class FwdParams(ctypes.Structure):
         ("seqused_q", c_void_p), ("total_q", c_int64), ("total_k", c_int64), ("varlen_status", c_void_p),
         ("workspace", c_void_p), ("workspace_size", c_size_t),
         ("learnable_sink", c_void_p),
+        ("page_table", c_void_p), ("page_table_batch_stride", c_int64), ("page_size", c_int64),
+        ("num_pages", c_int64),
     ]
 
 

@@ -158,10 +158,11 @@ flashcute_status_t check_lse(Layout const& t, Target target) {
 std::vector<Layout> fwd_inputs(flashcute_fwd_params const& p) {
   int64_t const es = elem_size(p.dtype);
   int64_t const b = batch_dim(p);
+  // Paged K/V: num_pages pages of page_size rows instead of batch sequences of rows_k.
+  int64_t const kb = p.page_table ? p.num_pages : b, kr = p.page_table ? p.page_size : rows_k(p);
   return {bshd("q", p.q, es, b, rows_q(p), p.nheads, p.head_dim, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-          bshd("k", p.k, es, b, rows_k(p), p.nheads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride,
-               p.k_head_stride),
-          bshd("v", p.v, es, b, rows_k(p), p.nheads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride,
+          bshd("k", p.k, es, kb, kr, p.nheads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+          bshd("v", p.v, es, kb, kr, p.nheads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride,
                p.v_head_stride)};
 }
 
@@ -203,6 +204,22 @@ flashcute_status_t check_host_offsets(flashcute_fwd_params const& p) {
       if (used[b] < 0 || used[b] > len)
         return bad(std::string(name) + "[" + str(b) + "] = " + str(used[b]) + " must lie in [0, " + str(len) +
                    "], the sequence's rows");
+    }
+  }
+  return FLASHCUTE_SUCCESS;
+}
+
+// Paged K/V the host can read (the reference): every page a sequence's used keys live in exists.
+flashcute_status_t check_host_pages(flashcute_fwd_params const& p) {
+  for (int64_t b = 0; b < p.batch; ++b) {
+    int64_t const used = p.seqused_k ? p.seqused_k[b] : p.seqlen_k;
+    if (used < 0 || used > p.seqlen_k)
+      return bad("seqused_k[" + str(b) + "] = " + str(used) + " must lie in [0, seqlen_k = " + str(p.seqlen_k) + "]");
+    for (int64_t i = 0; i * p.page_size < used; ++i) {
+      int64_t const page = p.page_table[b * p.page_table_batch_stride + i];
+      if (page < 0 || page >= p.num_pages)
+        return bad("page_table[" + str(b) + ", " + str(i) + "] = " + str(page) + " is not a page of the " +
+                   str(p.num_pages) + " (num_pages)");
     }
   }
   return FLASHCUTE_SUCCESS;
@@ -255,7 +272,19 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
   if (p.causal != 0 && p.causal != 1) return bad("causal must be 0 or 1 (got " + str(p.causal) + ")");
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr))
     return bad("cu_seqlens_q and cu_seqlens_k must be given together");
-  if (p.seqused_k && !p.cu_seqlens_q) return bad("seqused_k needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
+  if (p.seqused_k && !p.cu_seqlens_q && !p.page_table)
+    return bad("seqused_k needs cu_seqlens_q/cu_seqlens_k (varlen mode) or page_table");
+  if (p.page_table) {
+    if (varlen_of(p)) return bad("page_table takes the fixed-length batch: cu_seqlens_q/cu_seqlens_k must be NULL");
+    if (p.page_size < 1 || p.page_size > kMaxInt)
+      return bad("page_size must be in [1, 2^31) with page_table (got " + str(p.page_size) + ")");
+    int64_t const pages = (p.seqlen_k + p.page_size - 1) / p.page_size;
+    if (p.num_pages < (pages > 0 ? 1 : 0) || p.num_pages > kMaxInt)
+      return bad("num_pages must be in [1, 2^31) with page_table and keys (got " + str(p.num_pages) + ")");
+    if (p.batch > 1 && p.page_table_batch_stride < pages)
+      return bad("page_table_batch_stride (" + str(p.page_table_batch_stride) + ") must hold the " + str(pages) +
+                 " pages of seqlen_k = " + str(p.seqlen_k) + " keys");
+  }
   if (p.seqused_q && !p.cu_seqlens_q) return bad("seqused_q needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
   if (p.varlen_status && !p.cu_seqlens_q) return bad("varlen_status needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
   if (varlen_of(p)) {
@@ -271,10 +300,10 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
 
 flashcute_fwd_params normalized(flashcute_fwd_params const& in) {
   flashcute_fwd_params p = in;
-  int64_t const b = batch_dim(p), rq = rows_q(p), rk = rows_k(p);
-  for (int64_t* s : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.out_batch_stride,
-                     &p.lse_batch_stride})
-    ignore(b, *s);
+  int64_t const b = batch_dim(p), rq = rows_q(p);
+  int64_t const kb = p.page_table ? p.num_pages : b, rk = p.page_table ? p.page_size : rows_k(p);
+  for (int64_t* s : {&p.q_batch_stride, &p.out_batch_stride, &p.lse_batch_stride}) ignore(b, *s);
+  ignore(kb, p.k_batch_stride), ignore(kb, p.v_batch_stride);
   ignore(rq, p.q_row_stride), ignore(rq, p.out_row_stride);
   ignore(rk, p.k_row_stride), ignore(rk, p.v_row_stride);
   ignore(p.nheads, p.q_head_stride), ignore(p.nheads, p.out_head_stride), ignore(p.nheads, p.lse_head_stride);
@@ -317,6 +346,11 @@ flashcute_status_t validate_fwd(flashcute_fwd_params const* p, Target target) {
   if (auto s = check_aliasing(outputs, inputs)) return s;
   if (target == Target::kHostReference && varlen_of(*p))
     if (auto s = check_host_offsets(*p)) return s;
+  if (p->page_table && target == Target::kDevice)
+    return fail(FLASHCUTE_ERROR_UNSUPPORTED, "page_table: the GPU kernels do not read paged K/V yet "
+                                             "(flashcute.flash_attn_with_kvcache gathers the pages first)");
+  if (p->page_table)
+    if (auto s = check_host_pages(*p)) return s;
   return FLASHCUTE_SUCCESS;
 }
 
@@ -324,6 +358,7 @@ flashcute_status_t validate_bwd(flashcute_bwd_params const* p, Target target) {
   clear_error();
   if (!p) return bad("params is NULL");
   auto const& f = p->fwd;
+  if (f.page_table) return bad("page_table: the backward takes contiguous K/V (paged caches serve inference)");
   if (auto s = validate_fwd(&f, target)) return s;
   if (!f.lse && fwd_has_work(f)) return bad("lse is NULL: the backward needs the forward's lse");
   int64_t const es = elem_size(f.dtype);

@@ -664,3 +664,134 @@ TEST(Mask, HandWorkedExamples) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Paged K/V through the C API: the same keys in shuffled pages give the same bits as each sequence's contiguous
+// rows (with its seqused_k keys), for page sizes from 1 up; bad tables and the backward are refused by name.
+
+namespace {
+
+struct PagedCase {
+  int page_size;
+  bool causal;
+  long long left;
+  float softcap;
+  bool sink;
+};
+
+void run_paged(PagedCase const& c) {
+  int const B = 3, SQ = 4, SK = 37, H = 4, HKV = 2, D = 8;
+  std::vector<int32_t> used{37, 0, 20};
+  std::mt19937 rng(c.page_size * 7 + (c.causal ? 1 : 0));
+  std::normal_distribution<double> nd;
+  auto randv = [&](size_t n) {
+    std::vector<double> x(n);
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  std::vector<double> q = randv((size_t)B * SQ * H * D), k = randv((size_t)B * SK * HKV * D);
+  std::vector<double> v = randv(k.size()), sink = randv(H);
+  int const per = (SK + c.page_size - 1) / c.page_size, pages = B * per + 2;  // two spare pages
+  std::vector<int32_t> perm(pages);
+  for (int i = 0; i < pages; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table((size_t)B * (per + 1), -1);  // one unused column per row
+  std::vector<double> kp((size_t)pages * c.page_size * HKV * D, kNaN), vp(kp.size(), kNaN);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < SK; ++j) {
+      int const page = perm[b * per + j / c.page_size];
+      table[(size_t)b * (per + 1) + j / c.page_size] = page;
+      for (int e = 0; e < HKV * D; ++e) {
+        size_t const dst = ((size_t)page * c.page_size + j % c.page_size) * HKV * D + e;
+        kp[dst] = k[((size_t)b * SK + j) * HKV * D + e];
+        vp[dst] = v[((size_t)b * SK + j) * HKV * D + e];
+      }
+    }
+  std::vector<double> out(q.size(), kNaN), lse((size_t)B * H * SQ, kNaN);
+  flashcute_fwd_params p;
+  flashcute_fwd_params_init(&p);
+  p.dtype = FLASHCUTE_FLOAT64, p.batch = B, p.seqlen_q = SQ, p.seqlen_k = SK, p.nheads = H, p.nheads_kv = HKV;
+  p.head_dim = p.head_dim_v = D, p.softmax_scale = 0.35f, p.softcap = c.softcap, p.causal = c.causal;
+  p.window_left = c.left;
+  flashcute_fwd_params_set_contiguous_strides(&p);
+  p.k_batch_stride = p.v_batch_stride = (int64_t)c.page_size * HKV * D;  // page stride
+  p.q = q.data(), p.k = kp.data(), p.v = vp.data(), p.out = out.data(), p.lse = lse.data();
+  p.page_table = table.data(), p.page_table_batch_stride = per + 1, p.page_size = c.page_size;
+  p.num_pages = pages, p.seqused_k = used.data();
+  if (c.sink) p.learnable_sink = sink.data();
+  ASSERT_EQ(flashcute_reference_fwd(&p), FLASHCUTE_SUCCESS) << flashcute_last_error();
+
+  for (int b = 0; b < B; ++b) {  // each sequence alone, its used keys contiguous
+    std::vector<double> o1((size_t)SQ * H * D, kNaN), l1((size_t)H * SQ, kNaN);
+    flashcute_fwd_params s = p;
+    s.batch = 1, s.seqlen_k = used[b], s.page_table = nullptr, s.seqused_k = nullptr;
+    flashcute_fwd_params_set_contiguous_strides(&s);
+    s.q = q.data() + (size_t)b * SQ * H * D, s.k = k.data() + (size_t)b * SK * HKV * D;
+    s.v = v.data() + (size_t)b * SK * HKV * D, s.out = o1.data(), s.lse = l1.data();
+    ASSERT_EQ(flashcute_reference_fwd(&s), FLASHCUTE_SUCCESS) << flashcute_last_error();
+    for (size_t i = 0; i < o1.size(); ++i) ASSERT_EQ(out[(size_t)b * SQ * H * D + i], o1[i]) << "out, b " << b;
+    for (size_t i = 0; i < l1.size(); ++i) ASSERT_EQ(lse[(size_t)b * H * SQ + i], l1[i]) << "lse, b " << b;
+  }
+
+  // Refused by name: a page outside num_pages among the used ones, seqused_k past seqlen_k, the backward.
+  flashcute_fwd_params e = p;
+  std::vector<int32_t> bad_table = table;
+  bad_table[0] = pages;
+  e.page_table = bad_table.data();
+  EXPECT_EQ(flashcute_reference_fwd(&e), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("page_table[0, 0]"), std::string::npos)
+      << flashcute_last_error();
+  std::vector<int32_t> long_used{38, 0, 0};
+  e = p, e.seqused_k = long_used.data();
+  EXPECT_EQ(flashcute_reference_fwd(&e), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("seqused_k"), std::string::npos) << flashcute_last_error();
+  flashcute_bwd_params bp;
+  flashcute_bwd_params_init(&bp);
+  bp.fwd = p;
+  EXPECT_EQ(flashcute_reference_bwd(&bp), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("page_table"), std::string::npos) << flashcute_last_error();
+}
+
+}  // namespace
+
+TEST(Reference, PagedKvMatchesContiguousBits) {
+  for (PagedCase const& c : {PagedCase{1, false, U, 0.f, false}, PagedCase{5, true, U, 0.f, true},
+                             PagedCase{16, false, 9, 3.f, false}, PagedCase{64, true, 3, 0.f, true}})
+    run_paged(c);
+}
+
+TEST(Reference, PagedKvArgumentsAreChecked) {
+  std::vector<double> x(64, 0.5), o(64), l(8);
+  std::vector<int32_t> table{0, 1};
+  flashcute_fwd_params p;
+  flashcute_fwd_params_init(&p);
+  p.dtype = FLASHCUTE_FLOAT64, p.batch = 2, p.seqlen_q = 1, p.seqlen_k = 4, p.nheads = p.nheads_kv = 1;
+  p.head_dim = p.head_dim_v = 8, p.softmax_scale = 0.5f;
+  flashcute_fwd_params_set_contiguous_strides(&p);
+  p.q = x.data(), p.k = x.data(), p.v = x.data(), p.out = o.data(), p.lse = l.data();
+  p.page_table = table.data(), p.page_table_batch_stride = 1, p.page_size = 4, p.num_pages = 2;
+  p.k_batch_stride = p.v_batch_stride = 32;
+  EXPECT_EQ(flashcute_reference_fwd(&p), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  struct {
+    char const* name;
+    void (*spoil)(flashcute_fwd_params&);
+  } const cases[] = {
+      {"page_size", [](flashcute_fwd_params& f) { f.page_size = 0; }},
+      {"num_pages", [](flashcute_fwd_params& f) { f.num_pages = 0; }},
+      {"page_table_batch_stride", [](flashcute_fwd_params& f) { f.page_size = 2; }},
+      {"fixed-length", [](flashcute_fwd_params& f) {
+         static int32_t const cu[3] = {0, 1, 2};
+         f.cu_seqlens_q = cu, f.cu_seqlens_k = cu, f.total_q = 2, f.total_k = 2;
+       }},
+  };
+  for (auto const& c : cases) {
+    flashcute_fwd_params e = p;
+    c.spoil(e);
+    EXPECT_EQ(flashcute_reference_fwd(&e), FLASHCUTE_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_NE(std::string(flashcute_last_error()).find(c.name), std::string::npos) << flashcute_last_error();
+  }
+  flashcute_fwd_params g = p;
+  g.dtype = FLASHCUTE_BFLOAT16;
+  EXPECT_EQ(flashcute_fwd(&g, nullptr), FLASHCUTE_ERROR_UNSUPPORTED) << flashcute_last_error();
+  EXPECT_NE(std::string(flashcute_last_error()).find("page_table"), std::string::npos) << flashcute_last_error();
+}
