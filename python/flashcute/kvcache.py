@@ -154,7 +154,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             raise ValueError(f"rotary_cos / rotary_sin hold {rotary_cos.shape[0]} positions, fewer than the cache "
                              "positions rotated")
 
-    rows = torch.arange(batch, device=device)[:, None]
     if k is not None:
         positions = seqlens.long()[:, None] + torch.arange(new, device=device)[None, :]  # (batch, new)
         if rotary:
@@ -167,18 +166,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             k_cache[pages, positions % page_size] = k
             v_cache[pages, positions % page_size] = v
         else:
+            rows = torch.arange(batch, device=device)[:, None]
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
     used = seqlens + new
 
-    if paged:  # one row block per sequence; entries past a sequence's pages may hold anything: clamped, unread
-        table = page_table.long().clamp(0, k_cache.shape[0] - 1)
-        keys = k_cache[table].reshape(batch * capacity, *k_cache.shape[2:])
-        values = v_cache[table].reshape(batch * capacity, *v_cache.shape[2:])
-    else:
-        keys = k_cache[:batch].reshape(batch * capacity, *k_cache.shape[2:])
-        values = v_cache[:batch].reshape(batch * capacity, *v_cache.shape[2:])
-    cu_k = (torch.arange(batch + 1, device=device, dtype=torch.int32) * capacity)
+    # One row block per sequence. Page table entries past a sequence's pages may hold anything: clamped, unread.
+    table = page_table.long().clamp(0, k_cache.shape[0] - 1) if paged else None
+    keys, values = ((c[table] if paged else c[:batch]).reshape(batch * capacity, *c.shape[2:])
+                    for c in (k_cache, v_cache))
+    cu_k = torch.arange(batch + 1, device=device, dtype=torch.int32) * capacity
     if varlen_q:
         out, lse = flash_attn_varlen_func(q, keys, values, cu_seqlens_q, cu_k, softmax_scale=softmax_scale,
                                           causal=causal, window_size=window_size, softcap=softcap, seqused_k=used,
