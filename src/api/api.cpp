@@ -21,8 +21,6 @@ using namespace flashcute;
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 Problem problem_of(flashcute_direction_t dir, flashcute_fwd_params const& p) {
   return Problem{dir, p.dtype, (int)(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v)};
 }

@@ -28,6 +28,9 @@ bool varlen_of(flashcute_fwd_params const& p) { return p.cu_seqlens_q != nullptr
 int64_t rows_q(flashcute_fwd_params const& p) { return varlen_of(p) ? p.total_q : p.seqlen_q; }
 int64_t rows_k(flashcute_fwd_params const& p) { return varlen_of(p) ? p.total_k : p.seqlen_k; }
 int64_t batch_dim(flashcute_fwd_params const& p) { return varlen_of(p) ? 1 : p.batch; }
+// The (batch, row) dims of k and v: those of the batch, or with page_table num_pages pages of page_size rows.
+int64_t kv_blocks(flashcute_fwd_params const& p) { return p.page_table ? p.num_pages : batch_dim(p); }
+int64_t kv_rows(flashcute_fwd_params const& p) { return p.page_table ? p.page_size : rows_k(p); }
 
 // A tensor as the kernels address it: up to four (size, stride) dimensions in elements, the last one the
 // contiguous head dim (stride 1) for the (batch, row, head, dim) tensors; lse is (batch, head, row).
@@ -157,9 +160,7 @@ flashcute_status_t check_lse(Layout const& t, Target target) {
 
 std::vector<Layout> fwd_inputs(flashcute_fwd_params const& p) {
   int64_t const es = elem_size(p.dtype);
-  int64_t const b = batch_dim(p);
-  // Paged K/V: num_pages pages of page_size rows instead of batch sequences of rows_k.
-  int64_t const kb = p.page_table ? p.num_pages : b, kr = p.page_table ? p.page_size : rows_k(p);
+  int64_t const b = batch_dim(p), kb = kv_blocks(p), kr = kv_rows(p);
   return {bshd("q", p.q, es, b, rows_q(p), p.nheads, p.head_dim, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
           bshd("k", p.k, es, kb, kr, p.nheads_kv, p.head_dim, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
           bshd("v", p.v, es, kb, kr, p.nheads_kv, p.head_dim_v, p.v_batch_stride, p.v_row_stride,
@@ -300,8 +301,7 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
 
 flashcute_fwd_params normalized(flashcute_fwd_params const& in) {
   flashcute_fwd_params p = in;
-  int64_t const b = batch_dim(p), rq = rows_q(p);
-  int64_t const kb = p.page_table ? p.num_pages : b, rk = p.page_table ? p.page_size : rows_k(p);
+  int64_t const b = batch_dim(p), rq = rows_q(p), kb = kv_blocks(p), rk = kv_rows(p);
   for (int64_t* s : {&p.q_batch_stride, &p.out_batch_stride, &p.lse_batch_stride}) ignore(b, *s);
   ignore(kb, p.k_batch_stride), ignore(kb, p.v_batch_stride);
   ignore(rq, p.q_row_stride), ignore(rq, p.out_row_stride);

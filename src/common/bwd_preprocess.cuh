@@ -47,7 +47,6 @@ template <class Element>
 __global__ void __launch_bounds__(BwdRowKernel::kThreads)
     bwd_preprocess_kernel(__grid_constant__ BwdKernelParams const p) {
   using K = BwdRowKernel;
-  constexpr float kLog2e = 1.4426950408889634f;
   int const h = blockIdx.y;
   int const b = blockIdx.z;
   int const row0 = blockIdx.x * K::kRows;
@@ -110,7 +109,6 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
 // translation unit may hold it.)
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) bwd_dsink_kernel(__grid_constant__ BwdKernelParams const p) {
-  constexpr float kLog2e = 1.4426950408889634f;
   constexpr int kWarps = kThreads / 32;
   __shared__ float warp_sums[kWarps];
   int const h = blockIdx.x;

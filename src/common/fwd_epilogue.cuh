@@ -10,7 +10,7 @@ namespace flashcute {
 
 // The learnable sink of head h in exp2 units (its logit times log2(e)), or -inf where there is none.
 CUTE_DEVICE float sink_log2(FwdKernelParams const& p, int h) {
-  return p.learnable_sink ? p.learnable_sink[h] * 1.4426950408889634f : -INFINITY;
+  return p.learnable_sink ? p.learnable_sink[h] * kLog2e : -INFINITY;
 }
 
 // Writes each row's lse (rows of this block below the sequence's end) from the thread of its quad that holds

@@ -8,6 +8,9 @@
 
 namespace flashcute {
 
+// exp(x) = exp2(x * log2(e)): scores, lse and sinks enter the kernels' exp2 in these units.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // One varlen sequence as the kernels see it. The prepare pass derives it from cu_seqlens_q/k and seqused_k without
 // trusting them: the rows lie inside the packed tensors (total_q / total_k) and number at most the declared maxima
 // (seqlen_q / seqlen_k), which size the grids and the backward's workspace; consistent offsets pass unchanged.
