@@ -68,7 +68,7 @@ BWD_SM80 = [
     ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "137 KB, Q double-buffered (16 B)"),
     ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92.5 KB, Q double-buffered: 99 KB parts"),
     ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144.5 KB, single Q stage (8 B)"),
-    # 99 KB parts: 64x32 needs 104 KB, 32x64 104.25 KB; 64x16 w4 (spill-free, 84.5 KB) is 38-41% slower.
+    # 99 KB parts: 64x32 needs 104 KB, 32x64 104.25 KB; 64x16 w4 (spill-free, 84.5 KB) is 38-42% slower.
     ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84.5 KB, Q double-buffered (36 B): 99 KB parts"),
 ]
 
