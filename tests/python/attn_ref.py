@@ -86,15 +86,20 @@ def backward(q, k, v, out, lse, dout, dlse, scale, causal, window, softcap, dtyp
     return tuple(g.to(q.dtype) for g in (dq.transpose(1, 2), fold(dk), fold(dv)))
 
 
-def dsink(out, lse, dout, dlse, sink):
+def dsink(out, lse, dout, dlse, sink, magnitude=False):
     """The sink's gradient: -sum over rows of exp(sink_h - lse) (rowsum(dout * out) - dlse), per head, in the
-    precision of lse (float64 for the reference); rows of lse = -inf add nothing."""
+    precision of lse (float64 for the reference); rows of lse = -inf add nothing. magnitude: also the same sum over
+    absolute values of every product (the scale of its rounding errors)."""
     acc = lse.dtype
-    d = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # (B, H, Sq)
+    prod = dout.to(acc) * out.to(acc)
+    d = prod.sum(-1).transpose(1, 2)  # (B, H, Sq)
+    mag = prod.abs().sum(-1).transpose(1, 2)
     if dlse is not None:
         d = d - dlse.to(acc)
+        mag = mag + dlse.to(acc).abs()
     w = torch.exp(sink.to(device=lse.device, dtype=acc)[None, :, None] - lse).masked_fill(torch.isinf(lse), 0.0)
-    return -(w * d).sum(dim=(0, 2))
+    grad = -(w * d).sum(dim=(0, 2))
+    return (grad, (w * mag).sum(dim=(0, 2))) if magnitude else grad
 
 
 def ulp(x, dtype):
