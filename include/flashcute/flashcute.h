@@ -124,8 +124,9 @@ typedef struct flashcute_fwd_params {
      v), and key j of sequence b is row j % page_size of page page_table[b * page_table_batch_stride + j /
      page_size] (int32). Sequence b's keys are its first seqused_k[b] (seqused_k is allowed here without varlen;
      NULL: seqlen_k each), so a row of page_table names ceil(seqlen_k / page_size) pages, of which only those
-     holding used keys are read. NULL: k and v are (batch, seqlen_k, ...) as usual. The GPU kernels do not read
-     pages yet (FLASHCUTE_ERROR_UNSUPPORTED); flashcute.flash_attn_with_kvcache gathers them there. */
+     holding used keys are read. NULL: k and v are (batch, seqlen_k, ...) as usual. The reference checks every
+     entry it reads; the GPU kernels, which cannot, clamp each entry into [0, num_pages) and seqused_k[b] into
+     [0, seqlen_k], so a bad table gives wrong pages, never a read outside k and v. */
   const int32_t* page_table;
   int64_t page_table_batch_stride;
   int64_t page_size;

@@ -57,6 +57,13 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   k.window_left = p.window_left;
   k.window_right = p.window_right;
   k.seq_spans = nullptr;  // varlen: set to the prepare pass's table
+  k.page_table = p.page_table;
+  if (p.page_table) {
+    k.page_table_batch_stride = p.page_table_batch_stride;
+    k.page_size = (int)p.page_size, k.num_pages = (int)p.num_pages;
+    page_divisor(k.page_size, k.page_magic, k.page_shift);
+    k.seqused_k = p.seqused_k;
+  }
   return k;
 }
 
@@ -212,7 +219,8 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
     int device_sm = 0, smem_request = 0;
     if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm, &smem_request)) return s;
     if (auto s = check_device_pointers({{p.q, "q"}, {p.k, "k"}, {p.v, "v"}, {p.out, "out"}, {p.lse, "lse"},
-                                        {p.learnable_sink, "learnable_sink"}, {p.workspace, "workspace"}}))
+                                        {p.learnable_sink, "learnable_sink"}, {p.workspace, "workspace"},
+                                        {p.page_table, "page_table"}}))
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
     if (auto s = check_workspace(p.workspace, p.workspace_size, span_bytes(p))) return s;

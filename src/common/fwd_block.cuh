@@ -21,12 +21,17 @@ struct FwdBlock {
   int n_plain_lo, n_plain_hi;
 
   // The scheduler's tile; false (and the CTA has nothing to do) past the end of a shorter varlen sequence.
+  // kPaged: paged K/V, whose sequences use their first seqused_k[b] keys when seqused_k is given.
+  template <bool kPaged = false>
   CUTE_DEVICE bool init(FwdKernelParams const& p) {
     FwdTile const t = FwdTileScheduler<kBlockM>::tile();
     m_block = t.m_block;
     h = t.h;
     b = t.b;
     seq = SeqInfo::make(p, b);
+    if constexpr (kPaged) {
+      if (p.seqused_k) seq.seqlen_k = min(max(p.seqused_k[b], 0), p.seqlen_k);
+    }
     m0 = m_block * kBlockM;
     if (m0 >= seq.seqlen_q) return false;
     mask = seq.mask(p);
@@ -78,6 +83,16 @@ struct FwdBlock {
   CUTE_DEVICE Element const* v(FwdKernelParams const& p) const {
     return static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
            h_kv * p.v_head_stride;
+  }
+  // Paged K/V (p.page_table): key row j of this block's sequence at its head, in k (or v: pass p.v and its
+  // strides). Only for j < seq.seqlen_k, whose page the table names.
+  template <class Element>
+  CUTE_DEVICE Element const* paged_row(FwdKernelParams const& p, void const* base, int64_t page_stride,
+                                       int64_t row_stride, int64_t head_stride, int j) const {
+    int const slot = int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
+    int const page = min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
+    return static_cast<Element const*>(base) + page * page_stride + (j - slot * p.page_size) * row_stride +
+           h_kv * head_stride;
   }
   template <class Element>
   CUTE_DEVICE Element* out(FwdKernelParams const& p) const {

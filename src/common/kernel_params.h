@@ -55,10 +55,32 @@ struct FwdKernelParams {
   // (src/api/varlen_prepare.cu); null for the fixed-length batch.
   SeqSpan const* seq_spans;
 
+  // Paged K/V (the fixed-length forward; null otherwise): key j of sequence b is row j % page_size of page
+  // page_table[b * page_table_batch_stride + j / page_size], a page starting k_batch_stride (v_batch_stride)
+  // elements after the previous one. Entries are device data the host never saw: the kernels clamp them to
+  // [0, num_pages), so a bad table reads the wrong page, never outside k or v. j / page_size is
+  // (umulhi(j, page_magic) + j) >> page_shift for every j < 2^31 (page_divisor() below; no division in the
+  // mainloop). seqused_k (may be null): sequence b's first seqused_k[b] keys take part (clamped to [0, seqlen_k]).
+  int const* page_table;
+  int64_t page_table_batch_stride;
+  int page_size, num_pages;
+  uint32_t page_magic;
+  int page_shift;
+  int const* seqused_k;
+
   // Host only: dynamic shared memory the launcher requests for the mainloop kernel when more than the kernel's
   // own (FLASHCUTE_ARCH emulation pads it so the CTAs per SM match the emulated profile; arch::emulated_smem_request).
   int smem_request;
 };
+
+// page_magic and page_shift for page_size d >= 1 (Granlund and Montgomery's unsigned division by a constant):
+// shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1 < 2^32; powers of two give magic 1 and j >> shift
+// after the high product (0 for j < 2^31).
+inline void page_divisor(int d, uint32_t& magic, int& shift) {
+  shift = 0;
+  while ((int64_t(1) << shift) < d) ++shift;
+  magic = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - uint64_t(d))) / uint64_t(d) + 1);
+}
 
 // The dynamic shared memory a launcher requests for a mainloop kernel of kernel_smem bytes: its own, or more where
 // FLASHCUTE_ARCH emulation padded it (smem_request).

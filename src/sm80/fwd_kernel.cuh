@@ -14,7 +14,9 @@
 
 namespace flashcute::sm80 {
 
-template <class T>
+// kPaged: K and V in pages (p.page_table), gathered row by row; its own instantiation, so that the contiguous
+// mainloop's registers stay as they were (a runtime branch raised its spills: hd128 128x64 212 -> 260 B).
+template <class T, bool kPaged>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdKernelParams const p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
@@ -26,7 +28,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   int const tid = threadIdx.x;
 
   FwdBlock<kBlockM, kBlockN> blk;
-  if (!blk.init(p)) return;
+  if (!blk.template init<kPaged>(p)) return;
   SeqInfo const& seq = blk.seq;
   Mask const& mask = blk.mask;
   int const m_block = blk.m_block, b = blk.b, h = blk.h, m0 = blk.m0;
@@ -70,6 +72,27 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   copy_base(load_thr, tile_q, load_row, load_col);
   int const k_cols = p.head_dim - load_col;
   int const v_cols = p.head_dim_v - load_col;
+  // K or V tile n, rows bounded as copy_tile_zfill bounds them; paged K/V row by row through the page table.
+  auto load_k = [&](int n, int rows) __attribute__((always_inline)) {
+    if constexpr (kPaged) {
+      copy_rows_zfill(gmem_load, tKgK(_, _, _, 0), tKsK, tKVcKV, rows, k_cols, [&](int r) {
+        return blk.template paged_row<Element>(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                                               n * kBlockN + load_row + r) + load_col;
+      });
+    } else {
+      copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK, tKVcKV, rows, k_cols);
+    }
+  };
+  auto load_v = [&](int n, int rows) __attribute__((always_inline)) {
+    if constexpr (kPaged) {
+      copy_rows_zfill(gmem_load, tVgV(_, _, _, 0), tVsV, tKVcKV, rows, v_cols, [&](int r) {
+        return blk.template paged_row<Element>(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                                               n * kBlockN + load_row + r) + load_col;
+      });
+    } else {
+      copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV, tKVcKV, rows, v_cols);
+    }
+  };
 
   typename T::TiledMma mma;
   auto mma_thr = mma.get_thread_slice(tid);
@@ -99,7 +122,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   if (num_tiles > 0) {
     copy_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, seq.seqlen_q - m0 - load_row, k_cols);
     int const n = tile_of(0);
-    copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK, tKVcKV, seq.seqlen_k - n * kBlockN - load_row, k_cols);
+    load_k(n, seq.seqlen_k - n * kBlockN - load_row);
     cp_async_fence();
   }
 
@@ -119,7 +142,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     cp_async_wait<0>();
     __syncthreads();
     int const v_rows = kGeneral ? seq.seqlen_k - n0 - load_row : kBlockN;
-    copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV, tKVcKV, v_rows, v_cols);
+    load_v(n, v_rows);
     cp_async_fence();
 
     gemm_ss<T::kStreamB>(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, smem_load_q, smem_load_k);
@@ -133,7 +156,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
       cp_async_wait<0>();
       __syncthreads();
       if (i + 1 < num_tiles) {
-        copy_tile_zfill(gmem_load, tKgK(_, _, _, tile_of(i + 1)), tKsK, tKVcKV, kBlockN, k_cols);
+        load_k(tile_of(i + 1), kBlockN);
         cp_async_fence();
       }
     };

@@ -9,7 +9,7 @@ namespace flashcute::sm80 {
 
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
-  auto kernel = &fwd_kernel<T>;
+  auto kernel = p.page_table ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
   int const smem = launch_smem(p, T::kSmemBytes);
   if (smem > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -40,7 +40,8 @@ struct FwdParams {
 
 // Producer warpgroup: K_i and V_i for every visible tile i, in the consumers' order, each into its ring's stage:
 // one thread issuing TMA copies, or all of them issuing cp.async.
-template <class T>
+// kPaged: K and V in pages (p.page_table), always through cp.async, row by row.
+template <class T, bool kPaged>
 CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
                           typename T::SharedStorage& smem, int ptid) {
   using Element = typename T::Element;
@@ -50,7 +51,7 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
-  if (params.use_tma) {
+  if (!kPaged && params.use_tma) {
     if (ptid != 0) return;
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));
@@ -97,16 +98,30 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     int const stage = i % T::kStages;
     int const rows = seq.seqlen_k - n * kBlockN - load_row;
     smem.k_ring.producer_acquire(i);
-    copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, rows, k_cols);
+    if constexpr (kPaged) {
+      copy_rows_zfill(gmem_load, tKgK(_, _, _, 0), tKsK(_, _, _, stage), tKVcKV, rows, k_cols, [&](int r) {
+        return blk.template paged_row<Element>(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                                               n * kBlockN + load_row + r) + load_col;
+      });
+    } else {
+      copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, rows, k_cols);
+    }
     smem.k_ring.producer_commit(i);
     smem.v_ring.producer_acquire(i);
-    copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, rows, v_cols);
+    if constexpr (kPaged) {
+      copy_rows_zfill(gmem_load, tVgV(_, _, _, 0), tVsV(_, _, _, stage), tKVcKV, rows, v_cols, [&](int r) {
+        return blk.template paged_row<Element>(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                                               n * kBlockN + load_row + r) + load_col;
+      });
+    } else {
+      copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, rows, v_cols);
+    }
     smem.v_ring.producer_commit(i);
   }
   cp_async_wait<0>();
 }
 
-template <class T>
+template <class T, bool kPaged>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using Element = typename T::Element;
@@ -122,10 +137,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   FwdKernelParams const& p = params.p;
 
   FwdBlock<kBlockM, kBlockN> blk;
-  if (!blk.init(p)) return;
+  if (!blk.template init<kPaged>(p)) return;
   blk.plan_tiles(p);
   if (tid == 0) {
-    int const producers = params.use_tma ? 1 : T::kProducerThreads;
+    int const producers = !kPaged && params.use_tma ? 1 : T::kProducerThreads;
     smem.k_ring.init(producers, kConsumerThreads / 32);
     smem.v_ring.init(producers, kConsumerThreads / 32);
     cutlass::arch::fence_barrier_init();
@@ -134,7 +149,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
 
   if (tid >= kConsumerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    fwd_load<T>(params, blk, smem, tid - kConsumerThreads);
+    fwd_load<T, kPaged>(params, blk, smem, tid - kConsumerThreads);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();

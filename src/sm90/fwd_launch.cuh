@@ -38,13 +38,13 @@ inline bool tma_strides_fit(FwdKernelParams const& p) {
 
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
-  auto kernel = &fwd_kernel<T>;
+  auto kernel = p.page_table ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
   int const smem = launch_smem(p, T::kSmemBytes);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};
   params.p = p;
-  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_strides_fit(p);
+  params.use_tma = !p.seq_spans && !p.page_table && p.seqlen_k > 0 && tma_strides_fit(p);
   if (params.use_tma) {
     params.tma_k = make_kv_tma<T>(p.k, p.seqlen_k, p.head_dim, p.nheads_kv, p.batch, p.k_row_stride,
                                   p.k_head_stride, p.k_batch_stride);

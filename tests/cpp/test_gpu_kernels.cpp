@@ -435,3 +435,137 @@ TEST(GpuKernelsVarlen, HostPointersAreRefused) {
   EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_SUCCESS) << flashcute_last_error();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Paged K/V read in place: the same keys in shuffled pages give the bits of the contiguous cache run as varlen
+// sequences with the same seqused_k, and match the float64 reference; table entries past the used keys are never
+// read, and a bad entry among them, clamped by the kernels, stays inside the pages (exact-size allocations, for
+// compute-sanitizer memcheck).
+
+namespace {
+
+void run_paged(int page_size, int head_dim, int seqlen_q, bool causal) {
+  int const B = 3, SK = 300, H = 4, HKV = 2, D = head_dim;
+  std::vector<int32_t> used{300, 0, 123};
+  std::mt19937 rng(page_size * 31 + head_dim + seqlen_q);
+  std::normal_distribution<double> nd;
+  auto randv = [&](size_t n) {
+    std::vector<double> x(n);
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  size_t const nq = (size_t)B * seqlen_q * H * D, nk = (size_t)B * SK * HKV * D, nl = (size_t)B * H * seqlen_q;
+  std::vector<double> q = randv(nq), k = randv(nk), v = randv(nk);
+  auto qh = to_bf16(q), kh = to_bf16(k), vh = to_bf16(v);
+  int const per = (SK + page_size - 1) / page_size, pages = B * per + 1;
+  std::vector<int32_t> perm(pages);
+  for (int i = 0; i < pages; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int const cols = per + 2;  // spare columns, never read: garbage there
+  std::vector<int32_t> table((size_t)B * cols, INT_MAX);
+  std::vector<__nv_bfloat16> kp((size_t)pages * page_size * HKV * D), vp(kp.size());
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < SK; ++j) {
+      int const page = perm[b * per + j / page_size];
+      table[(size_t)b * cols + j / page_size] = page;
+      for (int e = 0; e < HKV * D; ++e) {
+        size_t const dst = ((size_t)page * page_size + j % page_size) * HKV * D + e;
+        kp[dst] = kh[((size_t)b * SK + j) * HKV * D + e];
+        vp[dst] = vh[((size_t)b * SK + j) * HKV * D + e];
+      }
+    }
+  for (int i = (used[1] + page_size - 1) / page_size; i < per; ++i) table[(size_t)cols + i] = -7;  // unused pages
+
+  flashcute_fwd_params p;
+  flashcute_fwd_params_init(&p);
+  p.dtype = FLASHCUTE_BFLOAT16, p.batch = B, p.seqlen_q = seqlen_q, p.seqlen_k = SK, p.nheads = H;
+  p.nheads_kv = HKV, p.head_dim = p.head_dim_v = D, p.softmax_scale = 1.f / std::sqrt((float)D), p.causal = causal;
+  flashcute_fwd_params_set_contiguous_strides(&p);
+
+  // The float64 reference, each sequence's used keys contiguous.
+  std::vector<double> out_ref(nq), lse_ref(nl);
+  std::vector<int32_t> cu_k{0, SK, 2 * SK, 3 * SK}, cu_q{0, seqlen_q, 2 * seqlen_q, 3 * seqlen_q};
+  flashcute_fwd_params r = p;
+  r.dtype = FLASHCUTE_FLOAT64, r.q = q.data(), r.k = k.data(), r.v = v.data(), r.out = out_ref.data();
+  r.lse = lse_ref.data(), r.seqused_k = used.data(), r.cu_seqlens_q = cu_q.data(), r.cu_seqlens_k = cu_k.data();
+  r.total_q = B * seqlen_q, r.total_k = B * SK;
+  r.lse_batch_stride = seqlen_q, r.lse_head_stride = B * seqlen_q;  // varlen lse is (H, total_q)
+  ASSERT_EQ(flashcute_reference_fwd(&r), FLASHCUTE_SUCCESS) << flashcute_last_error();
+
+  // The GPU on the contiguous cache (varlen), then on the pages.
+  Exact qd(nq * 2), kd(nk * 2), vd(nk * 2), kpd(kp.size() * 2), vpd(vp.size() * 2), tabled(table.size() * 4);
+  Exact usedd(used.size() * 4), cu_qd(16), cu_kd(16), out_c(nq * 2), lse_c(nl * 4), out_p(nq * 2), lse_p(nl * 4);
+  cudaMemcpy(qd.ptr, qh.data(), nq * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(kd.ptr, kh.data(), nk * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(vd.ptr, vh.data(), nk * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(kpd.ptr, kp.data(), kp.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(vpd.ptr, vp.data(), vp.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(tabled.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(usedd.ptr, used.data(), used.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(cu_qd.ptr, cu_q.data(), 16, cudaMemcpyHostToDevice);
+  cudaMemcpy(cu_kd.ptr, cu_k.data(), 16, cudaMemcpyHostToDevice);
+  flashcute_fwd_params c = p;
+  c.q = qd.ptr, c.k = kd.ptr, c.v = vd.ptr, c.out = out_c.ptr, c.lse = lse_c.ptr;
+  c.cu_seqlens_q = static_cast<int32_t const*>(cu_qd.ptr), c.cu_seqlens_k = static_cast<int32_t const*>(cu_kd.ptr);
+  c.seqused_k = static_cast<int32_t const*>(usedd.ptr), c.total_q = B * seqlen_q, c.total_k = B * SK;
+  c.lse_batch_stride = seqlen_q, c.lse_head_stride = B * seqlen_q;
+  size_t ws = 0;
+  ASSERT_EQ(flashcute_fwd_workspace_size(&c, &ws), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  Exact work(ws);
+  c.workspace = work.ptr, c.workspace_size = ws;
+  flashcute_status_t const st = flashcute_fwd(&c, nullptr);
+  if (st == FLASHCUTE_ERROR_NOT_BUILT) GTEST_SKIP() << flashcute_last_error();
+  ASSERT_EQ(st, FLASHCUTE_SUCCESS) << flashcute_last_error();
+
+  flashcute_fwd_params g = p;
+  g.q = qd.ptr, g.k = kpd.ptr, g.v = vpd.ptr, g.out = out_p.ptr, g.lse = lse_p.ptr;
+  g.k_batch_stride = g.v_batch_stride = (int64_t)page_size * HKV * D;  // page stride
+  g.page_table = static_cast<int32_t const*>(tabled.ptr), g.page_table_batch_stride = cols;
+  g.page_size = page_size, g.num_pages = pages, g.seqused_k = static_cast<int32_t const*>(usedd.ptr);
+  ASSERT_EQ(flashcute_fwd(&g, nullptr), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<__nv_bfloat16> oc(nq), op(nq);
+  std::vector<float> lc(nl), lp(nl);
+  cudaMemcpy(oc.data(), out_c.ptr, nq * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(op.data(), out_p.ptr, nq * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(lc.data(), lse_c.ptr, nl * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(lp.data(), lse_p.ptr, nl * 4, cudaMemcpyDeviceToHost);
+  // Paged lse is (B, H, Sq), varlen's (H, B * Sq).
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < seqlen_q; ++i) {
+        float const a = lp[((size_t)b * H + h) * seqlen_q + i], e = lc[(size_t)h * B * seqlen_q + b * seqlen_q + i];
+        ASSERT_TRUE(a == e || (std::isnan(a) && std::isnan(e))) << "lse b" << b << " h" << h << " i" << i;
+        double const want = lse_ref[(size_t)h * B * seqlen_q + b * seqlen_q + i];
+        if (std::isinf(want)) {
+          EXPECT_TRUE(std::isinf(a) && a < 0) << "lse b" << b << " h" << h << " i" << i << " = " << a;
+        } else {
+          EXPECT_NEAR(a, want, 2e-2) << "lse b" << b << " h" << h << " i" << i;
+        }
+      }
+  for (size_t i = 0; i < nq; ++i)
+    ASSERT_EQ(__bfloat16_as_ushort(op[i]), __bfloat16_as_ushort(oc[i])) << "out[" << i << "]: paged != contiguous";
+  expect_close(op, out_ref, "paged out");
+
+  // A bad entry among the used pages: clamped into the pages (some wrong page, no fault, no read outside).
+  std::vector<int32_t> bad = table;
+  bad[0] = -1000, bad[(size_t)2 * cols] = INT_MAX;
+  cudaMemcpy(tabled.ptr, bad.data(), bad.size() * 4, cudaMemcpyHostToDevice);
+  ASSERT_EQ(flashcute_fwd(&g, nullptr), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+}  // namespace
+
+TEST(GpuKernelsPaged, MatchContiguousBitsAndStayInBounds) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (int page_size : {1, 7, 16, 64, 256})
+    for (int head_dim : {64, 128})
+      for (int seqlen_q : {1, 5}) {
+        SCOPED_TRACE("page " + std::to_string(page_size) + " d" + std::to_string(head_dim) + " sq" +
+                     std::to_string(seqlen_q));
+        run_paged(page_size, head_dim, seqlen_q, seqlen_q > 1);
+        if (HasFatalFailure() || IsSkipped()) return;
+      }
+}
