@@ -2,15 +2,15 @@
 values appended first (optionally rotated). Composed from the varlen kernels: sequence b of the batch is the cache
 row block b (its first cache_seqlens[b] + new keys take part), so every kernel family, mask, softcap, GQA and
 learnable sink serve it, and it is CUDA-graph capturable (no host read unless a check needs one outside capture).
-A paged cache is gathered into that layout first (page by page, through the page table): correct and
-bit-identical to the same cache laid out contiguously, but a copy; kernels that read pages in place are the next
-step (issue #17). Decode-shaped calls pack GQA and split the keys (decode.py)."""
+A paged cache is read in place by the kernels (the C API's page_table; with varlen queries it is gathered into
+the contiguous layout first), with results bit-identical to the same cache laid out contiguously. Decode-shaped
+calls pack GQA and split the keys (decode.py)."""
 import numbers
 
 import torch
 from torch import Tensor
 
-from . import decode
+from . import decode, ops
 
 
 def _int32_vector(x, name, batch, device):
@@ -107,7 +107,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     0 picks from the SM count and the work (1 on the CPU). learnable_sink, softcap, window_size as
     flash_attn_func.
     """
-    from . import flash_attn_varlen_func  # the package's public entry, imported late: it imports this module
+    from . import _arguments, flash_attn_varlen_func  # the package's entries, imported late: it imports this module
 
     _check_cache(q, k_cache, v_cache, k, v, page_table, cu_seqlens_q)
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 0:
@@ -170,29 +170,38 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
     used = seqlens + new
+    scale, causal, window_left, window_right, softcap, _ = _arguments(q, softmax_scale, causal, window_size, softcap,
+                                                                      False)
 
-    # One row block per sequence. Page table entries past a sequence's pages may hold anything: clamped, unread.
-    table = page_table.long().clamp(0, k_cache.shape[0] - 1) if paged else None
-    keys, values = ((c[table] if paged else c[:batch]).reshape(batch * capacity, *c.shape[2:])
-                    for c in (k_cache, v_cache))
-    cu_k = torch.arange(batch + 1, device=device, dtype=torch.int32) * capacity
-    if varlen_q:
-        out, lse = flash_attn_varlen_func(q, keys, values, cu_seqlens_q, cu_k, softmax_scale=softmax_scale,
-                                          causal=causal, window_size=window_size, softcap=softcap, seqused_k=used,
-                                          max_seqlen_q=max_seqlen_q,
-                                          max_seqlen_k=None if max_seqlen_q is None else capacity,
-                                          learnable_sink=learnable_sink)
-        return out, lse
+    if varlen_q:  # one row block per sequence; pages gathered into it (the paged kernels take fixed-length queries)
+        if paged:  # entries past a sequence's pages may hold anything: clamped, unread
+            table = page_table.long().clamp(0, k_cache.shape[0] - 1)
+            keys, values = (c[table].reshape(batch * capacity, *c.shape[2:]) for c in (k_cache, v_cache))
+        else:
+            keys, values = (c[:batch].reshape(batch * capacity, *c.shape[2:]) for c in (k_cache, v_cache))
+        cu_k = torch.arange(batch + 1, device=device, dtype=torch.int32) * capacity
+        return flash_attn_varlen_func(q, keys, values, cu_seqlens_q, cu_k, softmax_scale=scale, causal=causal,
+                                      window_size=window_size, softcap=softcap, seqused_k=used,
+                                      max_seqlen_q=max_seqlen_q,
+                                      max_seqlen_k=None if max_seqlen_q is None else capacity,
+                                      learnable_sink=learnable_sink)
     seqlen_q = q.shape[1]
+    if paged:  # read in place by the kernels, page by page
+        cache = ("pages", k_cache, v_cache, page_table)
+    else:
+        cache = ("rows", *(c[:batch].reshape(batch * capacity, *c.shape[2:]) for c in (k_cache, v_cache)))
     if decode.applies(seqlen_q, causal, window_size):  # decode-shaped: pack GQA, split the keys (decode.py)
         group = q.shape[2] // k_cache.shape[2]
         splits = decode.choose_splits(num_splits, batch, k_cache.shape[2], seqlen_q * group, capacity, device)
         if splits > 1 or (group > 1 and learnable_sink is None):
-            return decode.decode_attention(q, keys, values, used, capacity, softmax_scale, softcap, learnable_sink,
-                                           splits)
+            return decode.decode_attention(q, cache, used, capacity, scale, softcap, learnable_sink, splits)
+    if paged:
+        return ops.paged_fwd(q, k_cache, v_cache, page_table, used, scale, causal, window_left, window_right,
+                             softcap, learnable_sink)
     cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_q
-    out, lse = flash_attn_varlen_func(q.reshape(batch * seqlen_q, *q.shape[2:]), keys, values, cu_q, cu_k,
-                                      softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+    cu_k = torch.arange(batch + 1, device=device, dtype=torch.int32) * capacity
+    out, lse = flash_attn_varlen_func(q.reshape(batch * seqlen_q, *q.shape[2:]), cache[1], cache[2], cu_q, cu_k,
+                                      softmax_scale=scale, causal=causal, window_size=window_size,
                                       softcap=softcap, seqused_k=used, max_seqlen_q=seqlen_q, max_seqlen_k=capacity,
                                       learnable_sink=learnable_sink)
     return (out.reshape(batch, seqlen_q, *out.shape[1:]),

@@ -231,6 +231,26 @@ def test_gpu_decode_matches_cpu(page_size, dtype):
             check(lse[b:b + 1], ref_l, base_l, 1e-5, "lse")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_gpu_pages_read_in_place_match_contiguous_bits(page_size):
+    """The kernels read the pages in place (the C API's page_table): decode (split automatically on a 4k cache)
+    and a causal prefill over the same cache give the contiguous cache's bits."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    lengths = torch.tensor([4096, 1000, 0], dtype=torch.int32, device="cuda")
+    kc, vc = (_rand(3, 4096, 8, 128, seed=s, dtype=torch.bfloat16, device="cuda") for s in (1, 2))
+    kp, table = _paged(kc.cpu(), page_size, seed=4)
+    vp, _ = _paged(vc.cpu(), page_size, seed=4)
+    kp, vp, table = kp.cuda(), vp.cuda(), table.cuda()
+    for sq, causal in ((1, True), (3, False), (64, True)):
+        q = _rand(3, sq, 32, 128, seed=sq, dtype=torch.bfloat16, device="cuda")
+        want = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=causal)
+        got = flashcute.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lengths, page_table=table, causal=causal)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), (sq, causal)
+
+
 def test_torch_compile_fullgraph():
     """Appending into pages and the split decode path trace whole under torch.compile (no host reads while
     compiling) and give eager's results and cache contents."""
