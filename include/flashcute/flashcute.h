@@ -131,6 +131,13 @@ typedef struct flashcute_fwd_params {
   int64_t page_table_batch_stride;
   int64_t page_size;
   int64_t num_pages;
+
+  /* Optional split-KV (the forward): each sequence's keys are cut into num_splits chunks of whole key tiles,
+     computed side by side, their float32 partial outputs and log-sum-exps combined by a second kernel (with the
+     learnable sink, which joins there). For decode-shaped calls: few query rows against long keys, where the
+     query tiles alone cannot fill the GPU. 0 or 1: none; at most 256. Needs workspace
+     (flashcute_fwd_workspace_size). The reference ignores it (the same attention). */
+  int64_t num_splits;
 } flashcute_fwd_params;
 
 typedef struct flashcute_bwd_params {

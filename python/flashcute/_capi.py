@@ -45,7 +45,7 @@ class FwdParams(ctypes.Structure):
         ("workspace", c_void_p), ("workspace_size", c_size_t),
         ("learnable_sink", c_void_p),
         ("page_table", c_void_p), ("page_table_batch_stride", c_int64), ("page_size", c_int64),
-        ("num_pages", c_int64),
+        ("num_pages", c_int64), ("num_splits", c_int64),
     ]
 
 

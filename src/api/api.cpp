@@ -108,6 +108,26 @@ flashcute_status_t not_built(KernelConfig const& cfg) {
 // The varlen prepare pass's table, at the start of either direction's workspace.
 size_t span_bytes(flashcute_fwd_params const& p) { return p.cu_seqlens_q ? seq_spans_bytes(p.batch) : 0; }
 
+// The forward's workspace: the varlen table, then split-KV's float32 partials (O, then lse; kernel_params.h).
+struct FwdWorkspace {
+  int64_t partial_rows;
+  size_t o_offset, lse_offset, total;
+};
+
+FwdWorkspace fwd_workspace(flashcute_fwd_params const& p) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  FwdWorkspace w{};
+  w.total = span_bytes(p);
+  if (p.num_splits > 1) {
+    w.partial_rows = p.cu_seqlens_q ? p.total_q : p.batch * p.seqlen_q;
+    size_t const slots = (size_t)p.num_splits * (size_t)p.nheads * (size_t)w.partial_rows;
+    w.o_offset = align(w.total);
+    w.lse_offset = align(w.o_offset + slots * (size_t)p.head_dim_v * sizeof(float));
+    w.total = w.lse_offset + slots * sizeof(float);
+  }
+  return w;
+}
+
 BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig const& cfg) {
   auto const& p = params.fwd;
   bool const deterministic = params.deterministic != 0;
@@ -187,7 +207,7 @@ flashcute_status_t flashcute_fwd_workspace_size(flashcute_fwd_params const* para
     if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
     auto const p = normalized(*params);
     if (auto s = validate_fwd(&p, Target::kDevice)) return s;
-    *bytes = span_bytes(p);
+    *bytes = fwd_workspace(p).total;
     return FLASHCUTE_SUCCESS;
   });
 }
@@ -223,11 +243,18 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
                                         {p.page_table, "page_table"}}))
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
-    if (auto s = check_workspace(p.workspace, p.workspace_size, span_bytes(p))) return s;
+    FwdWorkspace const ws = fwd_workspace(p);
+    if (auto s = check_workspace(p.workspace, p.workspace_size, ws.total)) return s;
     FwdLaunchFn launch = find_fwd_launcher(cfg->name);
     if (!launch && fwd_has_work(p)) return not_built(*cfg);
     FwdKernelParams k = kernel_params(p);
     k.smem_request = smem_request;
+    if (p.num_splits > 1) {
+      k.num_splits = (int)p.num_splits;
+      k.o_partial = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + ws.o_offset);
+      k.lse_partial = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + ws.lse_offset);
+      k.partial_rows = ws.partial_rows;
+    }
     if (auto s = prepare_varlen(p, p.workspace, k, stream)) return s;
     if (!fwd_has_work(p)) return FLASHCUTE_SUCCESS;
     return launch_status(launch(k, stream), cfg->name, device_sm);

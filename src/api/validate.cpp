@@ -273,6 +273,10 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
   if (p.causal != 0 && p.causal != 1) return bad("causal must be 0 or 1 (got " + str(p.causal) + ")");
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr))
     return bad("cu_seqlens_q and cu_seqlens_k must be given together");
+  if (p.num_splits < 0 || p.num_splits > 256)
+    return bad("num_splits must be in [0, 256] (got " + str(p.num_splits) + ")");
+  if (p.num_splits > 1 && p.batch * p.num_splits > 65535)
+    return bad("num_splits x batch must be at most 65535 (got " + str(p.num_splits) + " x " + str(p.batch) + ")");
   if (p.seqused_k && !p.cu_seqlens_q && !p.page_table)
     return bad("seqused_k needs cu_seqlens_q/cu_seqlens_k (varlen mode) or page_table");
   if (p.page_table) {
@@ -357,6 +361,7 @@ flashcute_status_t validate_bwd(flashcute_bwd_params const* p, Target target) {
   if (!p) return bad("params is NULL");
   auto const& f = p->fwd;
   if (f.page_table) return bad("page_table: the backward takes contiguous K/V (paged caches serve inference)");
+  if (f.num_splits > 1) return bad("num_splits: the backward does not split the keys (set it to 0)");
   if (auto s = validate_fwd(&f, target)) return s;
   if (!f.lse && fwd_has_work(f)) return bad("lse is NULL: the backward needs the forward's lse");
   int64_t const es = elem_size(f.dtype);

@@ -13,6 +13,7 @@ namespace flashcute {
 template <int kBlockM, int kBlockN>
 struct FwdBlock {
   int m_block, h, b, h_kv;
+  int split;  // split-KV: which chunk of the keys (0 without)
   SeqInfo seq;
   Mask mask;
   int m0, m1;          // query rows [m0, m1) of the sequence
@@ -21,15 +22,20 @@ struct FwdBlock {
   int n_plain_lo, n_plain_hi;
 
   // The scheduler's tile; false (and the CTA has nothing to do) past the end of a shorter varlen sequence.
-  // kPaged: paged K/V, whose sequences use their first seqused_k[b] keys when seqused_k is given.
-  template <bool kPaged = false>
+  // kDecode: the kernels' decode instantiation, which also serves paged K/V (whose sequences use their first
+  // seqused_k[b] keys when seqused_k is given) and split-KV (blockIdx.z counts (sequence, split) pairs).
+  template <bool kDecode = false>
   CUTE_DEVICE bool init(FwdKernelParams const& p) {
     FwdTile const t = FwdTileScheduler<kBlockM>::tile();
     m_block = t.m_block;
     h = t.h;
     b = t.b;
+    split = 0;
+    if constexpr (kDecode) {
+      if (p.num_splits > 1) split = b % p.num_splits, b /= p.num_splits;
+    }
     seq = SeqInfo::make(p, b);
-    if constexpr (kPaged) {
+    if constexpr (kDecode) {
       if (p.seqused_k) seq.seqlen_k = min(max(p.seqused_k[b], 0), p.seqlen_k);
     }
     m0 = m_block * kBlockM;
@@ -41,6 +47,13 @@ struct FwdBlock {
     n_min = key_lo / kBlockN;
     // Tiles wholly outside every row's window are never loaded; an empty range leaves out 0 and lse -inf.
     n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
+    if constexpr (kDecode) {
+      if (p.num_splits > 1) {  // this split's key tiles only (none: out 0 and lse -inf, which the combine skips)
+        int const per = ((seq.seqlen_k + kBlockN - 1) / kBlockN + p.num_splits - 1) / p.num_splits;
+        n_min = max(n_min, split * per);
+        n_max = max(n_min, min(n_max, (split + 1) * per));
+      }
+    }
     h_kv = h / p.kv_group;
     return true;
   }

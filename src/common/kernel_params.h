@@ -68,6 +68,16 @@ struct FwdKernelParams {
   int page_shift;
   int const* seqused_k;
 
+  // Split-KV (num_splits > 1): blockIdx.z counts (sequence, split) pairs; the CTAs of split s take key tiles
+  // [s * per, (s + 1) * per) of their sequence (per = ceil(its key tiles / num_splits)) and write their normalised
+  // O and lse in float32 to o_partial / lse_partial, which fwd_combine_kernel merges. Element (s, h, g, c) lives at
+  // ((s * nheads + h) * partial_rows + g) * head_dim_v + c, g being the row's slot: b * seqlen_q + row, or its
+  // packed row for varlen (partial_rows: batch * seqlen_q, or total_q).
+  int num_splits;
+  float* o_partial;
+  float* lse_partial;
+  int64_t partial_rows;
+
   // Host only: dynamic shared memory the launcher requests for the mainloop kernel when more than the kernel's
   // own (FLASHCUTE_ARCH emulation pads it so the CTAs per SM match the emulated profile; arch::emulated_smem_request).
   int smem_request;

@@ -17,7 +17,7 @@ struct FwdTile {
 template <int kBlockM>
 struct FwdTileScheduler {
   static dim3 grid(FwdKernelParams const& p) {
-    return dim3((p.seqlen_q + kBlockM - 1) / kBlockM, p.nheads, p.batch);
+    return dim3((p.seqlen_q + kBlockM - 1) / kBlockM, p.nheads, p.batch * (p.num_splits > 1 ? p.num_splits : 1));
   }
 #if defined(__CUDACC__)
   __device__ static FwdTile tile() {

@@ -14,9 +14,11 @@
 
 namespace flashcute::sm80 {
 
-// kPaged: K and V in pages (p.page_table), gathered row by row; its own instantiation, so that the contiguous
-// mainloop's registers stay as they were (a runtime branch raised its spills: hd128 128x64 212 -> 260 B).
-template <class T, bool kPaged>
+// kDecode: the decode instantiation, for paged K/V (p.page_table: K and V gathered row by row) and split-KV
+// (p.num_splits: a chunk of the keys, its float32 partials left for fwd_combine_kernel). Its own instantiation, so
+// that the other mainloop's registers stay as they were (a runtime branch raised its spills: hd128 128x64 212 ->
+// 260 B).
+template <class T, bool kDecode>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdKernelParams const p) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
@@ -28,7 +30,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   int const tid = threadIdx.x;
 
   FwdBlock<kBlockM, kBlockN> blk;
-  if (!blk.template init<kPaged>(p)) return;
+  if (!blk.template init<kDecode>(p)) return;
   SeqInfo const& seq = blk.seq;
   Mask const& mask = blk.mask;
   int const m_block = blk.m_block, b = blk.b, h = blk.h, m0 = blk.m0;
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   int const v_cols = p.head_dim_v - load_col;
   // K or V tile n, rows bounded as copy_tile_zfill bounds them; paged K/V row by row through the page table.
   auto load_k = [&](int n, int rows) __attribute__((always_inline)) {
-    if constexpr (kPaged) {
+    if (kDecode && p.page_table) {
       copy_rows_zfill(gmem_load, tKgK(_, _, _, 0), tKsK, tKVcKV, rows, k_cols, [&](int r) {
         return blk.template paged_row<Element>(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
                                                n * kBlockN + load_row + r) + load_col;
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     }
   };
   auto load_v = [&](int n, int rows) __attribute__((always_inline)) {
-    if constexpr (kPaged) {
+    if (kDecode && p.page_table) {
       copy_rows_zfill(gmem_load, tVgV(_, _, _, 0), tVsV, tKVcKV, rows, v_cols, [&](int r) {
         return blk.template paged_row<Element>(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                                                n * kBlockN + load_row + r) + load_col;
@@ -176,7 +178,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   }
 
   float lse[kRows];
-  softmax.finalize(acc_o, p.scale_log2, lse, sink_log2(p, h));
+  bool const split = kDecode && p.num_splits > 1;
+  softmax.finalize(acc_o, p.scale_log2, lse, split ? -INFINITY : sink_log2(p, h));  // split: the sink joins later
+  if (kDecode && split) {
+    int64_t const row0 = partial_row0(p, seq, b, h, blk.split);
+    store_o_partial(p, mma, tile_q, acc_o, p.o_partial + row0 * p.head_dim_v, m0, seq.seqlen_q);
+    store_lse_rows(p.lse_partial + row0, mma_thr, tile_q, m0, seq.seqlen_q, lse);
+    return;
+  }
 
   // Epilogue: O goes through shared memory (Q's buffer, which no warp reads any more: the last barrier above
   // followed the last Q.K) so global stores are 16-byte vectors along rows.

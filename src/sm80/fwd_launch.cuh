@@ -3,13 +3,15 @@
 
 #include <cuda_runtime.h>
 
+#include "common/fwd_combine.cuh"
 #include "sm80/fwd_kernel.cuh"
 
 namespace flashcute::sm80 {
 
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
-  auto kernel = p.page_table ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
+  bool const decode = p.page_table || p.num_splits > 1;
+  auto kernel = decode ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
   int const smem = launch_smem(p, T::kSmemBytes);
   if (smem > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -17,6 +19,10 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   }
   dim3 const grid = FwdTileScheduler<T::kBlockM>::grid(p);
   kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+  if (p.num_splits > 1) {
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    return launch_fwd_combine<typename T::Element>(p, static_cast<cudaStream_t>(stream));
+  }
   return cudaGetLastError();
 }
 

@@ -40,8 +40,8 @@ struct FwdParams {
 
 // Producer warpgroup: K_i and V_i for every visible tile i, in the consumers' order, each into its ring's stage:
 // one thread issuing TMA copies, or all of them issuing cp.async.
-// kPaged: K and V in pages (p.page_table), always through cp.async, row by row.
-template <class T, bool kPaged>
+// kDecode (the decode instantiation): K and V may be in pages (p.page_table), then loaded with cp.async row by row.
+template <class T, bool kDecode>
 CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
                           typename T::SharedStorage& smem, int ptid) {
   using Element = typename T::Element;
@@ -51,7 +51,7 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
-  if (!kPaged && params.use_tma) {
+  if (params.use_tma) {  // never for paged K/V (run_fwd)
     if (ptid != 0) return;
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));
@@ -98,7 +98,7 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     int const stage = i % T::kStages;
     int const rows = seq.seqlen_k - n * kBlockN - load_row;
     smem.k_ring.producer_acquire(i);
-    if constexpr (kPaged) {
+    if (kDecode && p.page_table) {
       copy_rows_zfill(gmem_load, tKgK(_, _, _, 0), tKsK(_, _, _, stage), tKVcKV, rows, k_cols, [&](int r) {
         return blk.template paged_row<Element>(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
                                                n * kBlockN + load_row + r) + load_col;
@@ -108,7 +108,7 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     }
     smem.k_ring.producer_commit(i);
     smem.v_ring.producer_acquire(i);
-    if constexpr (kPaged) {
+    if (kDecode && p.page_table) {
       copy_rows_zfill(gmem_load, tVgV(_, _, _, 0), tVsV(_, _, _, stage), tKVcKV, rows, v_cols, [&](int r) {
         return blk.template paged_row<Element>(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
                                                n * kBlockN + load_row + r) + load_col;
@@ -121,7 +121,9 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   cp_async_wait<0>();
 }
 
-template <class T, bool kPaged>
+// kDecode: the decode instantiation (paged K/V, split-KV: see the portable kernel), so that the other keeps its
+// registers.
+template <class T, bool kDecode>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using Element = typename T::Element;
@@ -137,10 +139,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   FwdKernelParams const& p = params.p;
 
   FwdBlock<kBlockM, kBlockN> blk;
-  if (!blk.template init<kPaged>(p)) return;
+  if (!blk.template init<kDecode>(p)) return;
   blk.plan_tiles(p);
   if (tid == 0) {
-    int const producers = !kPaged && params.use_tma ? 1 : T::kProducerThreads;
+    int const producers = params.use_tma ? 1 : T::kProducerThreads;
     smem.k_ring.init(producers, kConsumerThreads / 32);
     smem.v_ring.init(producers, kConsumerThreads / 32);
     cutlass::arch::fence_barrier_init();
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
 
   if (tid >= kConsumerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    fwd_load<T, kPaged>(params, blk, smem, tid - kConsumerThreads);
+    fwd_load<T, kDecode>(params, blk, smem, tid - kConsumerThreads);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
@@ -268,7 +270,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   }
 
   float inv[kRows], lse[kRows];
-  softmax.finish(p.scale_log2, inv, lse, sink_log2(p, h));
+  bool const split = kDecode && p.num_splits > 1;  // split-KV: float32 partials, the sink joining in the combine
+  softmax.finish(p.scale_log2, inv, lse, split ? -INFINITY : sink_log2(p, h));
 
   // Epilogue: O goes through shared memory as float32, unnormalised, each accumulator pair stored straight from its
   // registers; then every thread normalises, converts and stores 16-byte vectors along rows. Normalising or
@@ -296,6 +299,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   named_sync(kConsumersBarrier, kConsumerThreads);
   constexpr int kVecsPerRow = kHeadDim / 8;
   int const rows = min(kBlockM, seq.seqlen_q - m0);
+  if (kDecode && split) {  // normalised float32 partials, then the combine kernel
+    int64_t const row0 = partial_row0(p, seq, b, h, blk.split);
+    float* const o_part = p.o_partial + (row0 + m0) * p.head_dim_v;
+#pragma unroll 1
+    for (int v = tid; v < kBlockM * kHeadDim; v += kConsumerThreads) {
+      int const row = v / kHeadDim, col = v % kHeadDim;
+      if (row < rows && col < p.head_dim_v)
+        o_part[(int64_t)row * p.head_dim_v + col] = o_buf[row * kStride + col] * inv_buf[row];
+    }
+    store_lse_rows(p.lse_partial + row0, thr_o, tile_q, m0, seq.seqlen_q, lse);
+    return;
+  }
 #pragma unroll 1
   for (int v = tid; v < kBlockM * kVecsPerRow; v += kConsumerThreads) {
     int const row = v / kVecsPerRow;

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/fwd_combine.cuh"
 #include "sm90/fwd_kernel.cuh"
 
 namespace flashcute::sm90 {
@@ -38,7 +39,8 @@ inline bool tma_strides_fit(FwdKernelParams const& p) {
 
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
-  auto kernel = p.page_table ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
+  bool const decode = p.page_table || p.num_splits > 1;
+  auto kernel = decode ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
   int const smem = launch_smem(p, T::kSmemBytes);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -53,6 +55,10 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   }
   dim3 const grid = FwdTileScheduler<T::kBlockM>::grid(p);
   kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(params);
+  if (p.num_splits > 1) {
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    return launch_fwd_combine<typename T::Element>(p, static_cast<cudaStream_t>(stream));
+  }
   return cudaGetLastError();
 }
 

@@ -779,6 +779,7 @@ TEST(Reference, PagedKvArgumentsAreChecked) {
       {"page_size", [](flashcute_fwd_params& f) { f.page_size = 0; }},
       {"num_pages", [](flashcute_fwd_params& f) { f.num_pages = 0; }},
       {"page_table_batch_stride", [](flashcute_fwd_params& f) { f.page_size = 2; }},
+      {"num_splits", [](flashcute_fwd_params& f) { f.num_splits = 257; }},
       {"fixed-length", [](flashcute_fwd_params& f) {
          static int32_t const cu[3] = {0, 1, 2};
          f.cu_seqlens_q = cu, f.cu_seqlens_k = cu, f.total_q = 2, f.total_k = 2;

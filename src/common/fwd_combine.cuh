@@ -1,0 +1,60 @@
+// Split-KV's second pass, for both forward families: each query row's partial results over the chunks of its keys
+// (normalised O_s and lse_s in float32, kernel_params.h) become out = sum_s exp(lse_s - lse) O_s and
+// lse = log(sum_s exp(lse_s) + exp(sink)), the learnable sink joining here (the split CTAs run without it). One
+// warp per (row, head), its lanes across head_dim_v; rows are each sequence's own (SeqInfo), so the padding rows of a
+// varlen batch stay as the caller left them. A chunk that saw no key has lse_s = -inf and adds nothing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+
+#include "common/kernel_params.h"
+
+namespace flashcute {
+
+constexpr int kCombineWarps = 4;
+
+template <class Element>
+__global__ void __launch_bounds__(32 * kCombineWarps) fwd_combine_kernel(__grid_constant__ FwdKernelParams const p) {
+  int const b = blockIdx.z, h = blockIdx.y;
+  SeqInfo const seq = SeqInfo::make(p, b);
+  int const row = blockIdx.x * kCombineWarps + threadIdx.x / 32;
+  int const lane = threadIdx.x % 32;
+  if (row >= seq.seqlen_q) return;
+  int64_t const split_stride = (int64_t)p.nheads * p.partial_rows;
+  int64_t const slot = (int64_t)h * p.partial_rows + (p.seq_spans ? seq.q_row0 : (int64_t)b * p.seqlen_q) + row;
+  float const sink = p.learnable_sink ? p.learnable_sink[h] : -INFINITY;
+  float top = sink;
+  for (int s = 0; s < p.num_splits; ++s) top = fmaxf(top, p.lse_partial[s * split_stride + slot]);
+  Element* out = static_cast<Element*>(p.out) + seq.q_offset(p, b, p.out_batch_stride, p.out_row_stride) +
+                 (int64_t)row * p.out_row_stride + (int64_t)h * p.out_head_stride;
+  float lse = -INFINITY;
+  if (top == -INFINITY) {  // no key in any chunk, and no sink
+    for (int c = lane; c < p.head_dim_v; c += 32) out[c] = Element(0.f);
+  } else {
+    float total = expf(sink - top);  // 0 without a sink
+    for (int s = 0; s < p.num_splits; ++s) total += expf(p.lse_partial[s * split_stride + slot] - top);
+    float const inv = 1.f / total;
+    for (int c = lane; c < p.head_dim_v; c += 32) {
+      float acc = 0.f;
+      for (int s = 0; s < p.num_splits; ++s) {
+        float const w = expf(p.lse_partial[s * split_stride + slot] - top);
+        if (w > 0.f) acc += w * p.o_partial[(s * split_stride + slot) * p.head_dim_v + c];
+      }
+      out[c] = Element(acc * inv);
+    }
+    lse = top + logf(total);
+  }
+  if (lane == 0 && p.lse) p.lse[seq.lse_offset(p, b, h) + row] = lse;
+}
+
+// After a split forward's main kernel, on the same stream.
+template <class Element>
+cudaError_t launch_fwd_combine(FwdKernelParams const& p, cudaStream_t stream) {
+  dim3 const grid((p.seqlen_q + kCombineWarps - 1) / kCombineWarps, p.nheads, p.batch);
+  fwd_combine_kernel<Element><<<grid, 32 * kCombineWarps, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashcute
