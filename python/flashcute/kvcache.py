@@ -1,16 +1,16 @@
 """flash_attn_with_kvcache: attention of new queries against a KV cache, contiguous or paged, with the new keys and
-values appended first (optionally rotated). Composed from the varlen kernels: sequence b of the batch is the cache
-row block b (its first cache_seqlens[b] + new keys take part), so every kernel family, mask, softcap, GQA and
-learnable sink serve it, and it is CUDA-graph capturable (no host read unless a check needs one outside capture).
-A paged cache is read in place by the kernels (the C API's page_table; with varlen queries it is gathered into
-the contiguous layout first), with results bit-identical to the same cache laid out contiguously. Decode-shaped
-calls pack GQA and split the keys (decode.py)."""
+values appended first (optionally rotated). One call of the C library's paged forward: the kernels read the pages
+in place through the page table (a contiguous cache is one page of capacity rows per sequence), sequence b's
+first cache_seqlens[b] + new keys taking part, so every kernel family, mask, softcap, GQA and learnable sink serve
+it, paged and contiguous caches give the same bits, and it is CUDA-graph capturable (no host read unless a check
+needs one outside capture). Decode-shaped calls pack GQA and split the keys (decode.py). Varlen queries run the
+varlen kernels instead, a paged cache gathered into the contiguous layout first."""
 import numbers
 
 import torch
 from torch import Tensor
 
-from . import decode, ops
+from . import decode
 
 
 def _int32_vector(x, name, batch, device):
@@ -102,10 +102,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), with k given: k is rotated at its cache positions and q at
     cache_seqlens[b] + i (causal or local) or cache_seqlens[b] (otherwise), interleaved or half-split pairs.
     q: (batch, seqlen_q, nheads, head_dim), or (total_q, nheads, head_dim) with cu_seqlens_q (int32 (batch + 1,);
-    max_seqlen_q to stay off the host). num_splits: how many chunks each sequence's keys are cut into for
-    decode-shaped calls (one query row, or no causal mask; no window), their partial results combined in float32;
-    0 picks from the SM count and the work (1 on the CPU). learnable_sink, softcap, window_size as
-    flash_attn_func.
+    max_seqlen_q to stay off the host). num_splits: how many chunks of whole key tiles each sequence's keys are
+    cut into, computed side by side, their partial results combined in float32 (at most 256; not with
+    cu_seqlens_q); 0 picks from the SM count and the work for decode-shaped calls (1 on the CPU, whose reference
+    computes the same attention unsplit). learnable_sink, softcap, window_size as flash_attn_func.
     """
     from . import _arguments, flash_attn_varlen_func  # the package's entries, imported late: it imports this module
 
@@ -186,23 +186,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                                       max_seqlen_k=None if max_seqlen_q is None else capacity,
                                       learnable_sink=learnable_sink)
     seqlen_q = q.shape[1]
-    if paged:  # read in place by the kernels, page by page
-        cache = ("pages", k_cache, v_cache, page_table)
-    else:
-        cache = ("rows", *(c[:batch].reshape(batch * capacity, *c.shape[2:]) for c in (k_cache, v_cache)))
-    if decode.applies(seqlen_q, causal, window_size):  # decode-shaped: pack GQA, split the keys (decode.py)
-        group = q.shape[2] // k_cache.shape[2]
-        splits = decode.choose_splits(num_splits, batch, k_cache.shape[2], seqlen_q * group, capacity, device)
-        if splits > 1 or (group > 1 and learnable_sink is None):
-            return decode.decode_attention(q, cache, used, capacity, scale, softcap, learnable_sink, splits)
-    if paged:
-        return ops.paged_fwd(q, k_cache, v_cache, page_table, used, scale, causal, window_left, window_right,
-                             softcap, learnable_sink)
-    cu_q = torch.arange(batch + 1, device=device, dtype=torch.int32) * seqlen_q
-    cu_k = torch.arange(batch + 1, device=device, dtype=torch.int32) * capacity
-    out, lse = flash_attn_varlen_func(q.reshape(batch * seqlen_q, *q.shape[2:]), cache[1], cache[2], cu_q, cu_k,
-                                      softmax_scale=scale, causal=causal, window_size=window_size,
-                                      softcap=softcap, seqused_k=used, max_seqlen_q=seqlen_q, max_seqlen_k=capacity,
-                                      learnable_sink=learnable_sink)
-    return (out.reshape(batch, seqlen_q, *out.shape[1:]),
-            lse.reshape(lse.shape[0], batch, seqlen_q).transpose(0, 1).contiguous())
+    if not paged:  # one page of capacity rows per sequence: the same kernels as a paged cache (decode.py)
+        page_table = torch.arange(batch, device=device, dtype=torch.int32)[:, None]
+    group = q.shape[2] // k_cache.shape[2]
+    pack = decode.packs(seqlen_q, causal, window_size, learnable_sink, group)
+    splits = decode.choose_splits(num_splits, batch, k_cache.shape[2], seqlen_q * (group if pack else 1),
+                                  capacity, device)
+    return decode.attention(q, k_cache, v_cache, page_table, used, (scale, causal, window_left, window_right, softcap),
+                            learnable_sink, splits, pack)

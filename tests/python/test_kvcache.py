@@ -160,8 +160,9 @@ def test_whole_cache_by_default_and_num_splits_accepted():
 @pytest.mark.parametrize("with_sink", [False, True])
 def test_decode_split_and_packed_gqa(num_splits, with_sink):
     """Decode-shaped calls (one query row; or several without a causal mask) pack the query heads of a K/V head
-    and split the keys into num_splits chunks (python/flashcute/decode.py); combined, they match each sequence
-    alone, empty sequences included (out 0, lse -inf, or lse = the sink)."""
+    (python/flashcute/decode.py) and pass num_splits to the library (the CPU reference computes the same attention
+    unsplit; the GPU cases below split): they match each sequence alone, empty sequences included (out 0, lse -inf,
+    or lse = the sink)."""
     kc, vc = _rand(3, 40, 2, 8, seed=1), _rand(3, 40, 2, 8, seed=2)
     sink = _rand(8, seed=9) if with_sink else None
     lengths = [40, 0, 13]
@@ -203,9 +204,11 @@ def test_errors_name_the_argument(kwargs, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 16, 7])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_gpu_decode_matches_cpu(page_size, dtype):
-    """Decode (one and four query rows, GQA 32/8, hd128) on the GPU: the same call on the CPU in float64 is the
-    reference, under the 2x rule against plain PyTorch in the dtype (attn_ref), per sequence."""
+@pytest.mark.parametrize("num_splits", [0, 3, 40])
+def test_gpu_decode_matches_cpu(page_size, dtype, num_splits):
+    """Decode (one and four query rows, GQA 32/8, hd128; split-KV into 3 or 40 chunks, some of them empty) on the
+    GPU: the same call on the CPU in float64 is the reference, under the 2x rule against plain PyTorch in the dtype
+    (attn_ref), per sequence."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     from attn_ref import check, forward
@@ -214,7 +217,8 @@ def test_gpu_decode_matches_cpu(page_size, dtype):
     for sq in (1, 4):
         q = _rand(3, sq, 32, 128, seed=sq, dtype=dt, device="cuda")
         kc, vc = (_rand(3, 304, 8, 128, seed=s, dtype=dt, device="cuda") for s in (1, 2))
-        kw = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"), causal=True)
+        kw = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"), causal=True,
+                  num_splits=num_splits)
         if page_size is None:
             out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, **kw)
         else:
