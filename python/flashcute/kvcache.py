@@ -96,7 +96,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     k_cache, v_cache: (batch, max_seqlen_k, nheads_kv, head_dim), or with page_table (batch, max_pages) int32 the
     pages (num_pages, page_size, nheads_kv, head_dim), any page_size >= 1: row j of sequence b is row j % page_size
     of page page_table[b, j // page_size]. cache_seqlens (int32 (batch,) or an int; None: the whole cache) counts
-    the valid rows of each sequence before the append. k, v (batch, seqlen_new, nheads_kv, head_dim), if given, are
+    the valid rows of each sequence before the append (checked against the cache on the host when appending or on
+    the CPU; on the GPU without appending the kernels clamp it, with no synchronisation). k, v (batch, seqlen_new, nheads_kv, head_dim), if given, are
     written into the cache in place at rows cache_seqlens[b] ... before attention, and sequence b then attends to
     its first cache_seqlens[b] + seqlen_new keys (causal and local masks align to its last key, bottom-right).
     rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), with k given: k is rotated at its cache positions and q at
@@ -137,7 +138,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
     else:
         seqlens = _int32_vector(cache_seqlens, "cache_seqlens", batch, device)
-    if _host_checks_allowed(device) and batch > 0:
+    # Read on the host (a synchronisation) only where it guards a write: appending; on the GPU the kernels clamp each
+    # sequence's keys to the cache otherwise. On CPU tensors always.
+    if _host_checks_allowed(device) and batch > 0 and (k is not None or device.type != "cuda"):
         longest = int(seqlens.max())
         if longest + new > capacity:
             raise ValueError(f"cache_seqlens + seqlen_new reaches {longest + new} rows, more than the cache holds "
