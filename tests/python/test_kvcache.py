@@ -255,6 +255,51 @@ def test_gpu_pages_read_in_place_match_contiguous_bits(page_size):
             assert torch.equal(a, b), (sq, causal)
 
 
+@pytest.mark.gpu
+def test_gpu_random_caches_keep_the_error_rule():
+    """Random kvcache calls on the GPU (page sizes 1 to 256 or contiguous, GQA, 1 to 33 query rows, causal or a
+    window, softcap, sinks, 0 to 17 splits, empty sequences): per sequence within 2x of plain PyTorch's error in the
+    dtype against float64 (attn_ref), lse included."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import random
+    from attn_ref import check, forward
+    rng = random.Random(7)
+    for case in range(40):
+        dt = rng.choice([torch.float16, torch.bfloat16])
+        batch, hkv, group = rng.randint(1, 4), rng.randint(1, 3), rng.choice([1, 2, 4])
+        d, sq = rng.choice([64, 96, 128, 256]), rng.choice([1, 1, 2, 7, 33])
+        page = rng.choice([None, 1, 3, 16, 64, 256])
+        capacity = rng.randint(1, 1000)
+        if page:
+            capacity = -(-capacity // page) * page
+        lengths = [rng.choice([0, capacity, rng.randint(0, capacity)]) for _ in range(batch)]
+        causal = rng.random() < 0.6
+        window = (rng.randint(0, 300), 0) if rng.random() < 0.2 else (None, None)
+        softcap = rng.choice([0.0, 0.0, 15.0])
+        sink = torch.randn(hkv * group, device="cuda") if rng.random() < 0.3 else None
+        splits = rng.choice([0, 1, 2, 5, 17])
+        q = _rand(batch, sq, hkv * group, d, seed=case, dtype=dt, device="cuda")
+        kc, vc = (_rand(batch, capacity, hkv, d, seed=100 * case + s, dtype=dt, device="cuda") for s in (1, 2))
+        kw = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"), causal=causal,
+                  window_size=window, softcap=softcap, learnable_sink=sink, num_splits=splits)
+        if page is None:
+            out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, **kw)
+        else:
+            kp, table = _paged(kc.cpu(), page, seed=case)
+            vp, _ = _paged(vc.cpu(), page, seed=case)
+            out, lse = flashcute.flash_attn_with_kvcache(q, kp.cuda(), vp.cuda(), page_table=table.cuda(), **kw)
+        what = f"case {case}: {dt} b{batch} hkv{hkv} g{group} d{d} sq{sq} page {page} cap {capacity} {lengths} " \
+               f"causal {causal} window {window} softcap {softcap} sink {sink is not None} splits {splits}"
+        for b, n in enumerate(lengths):
+            args = (q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], d ** -0.5, causal, window, softcap)
+            s64 = None if sink is None else sink.double()
+            ref_o, ref_l = forward(*(t.double() for t in args[:3]), *args[3:], torch.float64, s64)
+            base_o, base_l = forward(*args, dt, sink)
+            check(out[b:b + 1], ref_o, base_o, 1e-5, f"out, {what}", ulps=1)
+            check(lse[b:b + 1], ref_l, base_l, 1e-5, f"lse, {what}", ulps=1)
+
+
 def test_torch_compile_fullgraph():
     """Appending into pages and the split decode path trace whole under torch.compile (no host reads while
     compiling) and give eager's results and cache contents."""
