@@ -11,7 +11,8 @@ SDPA's row uses is_causal=False: with one query row that is the same attention; 
 three more keys than the bottom-right causal mask flashcute applies (a negligible difference in bytes).
 
 Both are timed as serving stacks run decode, captured once in a CUDA graph and replayed (the bandwidth columns);
-flashcute's eager time (one call from Python, its host work included) is shown beside it."""
+flashcute's eager time (one call from Python, its host work included) is shown beside it. FlashAttention-4 joins
+where it imports (PYTHONPATH from ../shared/peers/fa4), on the same cache, contiguous or paged."""
 import argparse
 import os
 import sys
@@ -76,6 +77,30 @@ def graphed(fn):
     return graph.replay
 
 
+def load_fa4():
+    """FlashAttention-4's varlen entry (paged caches through page_table), or None where it does not import."""
+    try:
+        from flash_attn.cute.interface import flash_attn_varlen_func
+    except Exception:  # not installed, or no build for this GPU
+        return None
+    return flash_attn_varlen_func
+
+
+def fa4_ms(fa4, q, k, v, lengths, table, target_s):
+    """FA4 on the same cache (its own split and GQA choices), graph-replayed; nan where it refuses the shape."""
+    import torch
+    from bench.timing import cuda_time
+    if fa4 is None:
+        return float("nan")
+    try:
+        replay = graphed(lambda: fa4(q, k, v, seqused_k=lengths, page_table=table, causal=True))
+        return cuda_time(lambda i: replay(), target_s=target_s).median_ms
+    except Exception as e:  # noqa: BLE001 (an unsupported shape or feature on this GPU)
+        print(f"  fa4: {str(e).splitlines()[0][:100] if str(e) else type(e).__name__}")
+        torch.cuda.synchronize()
+        return float("nan")
+
+
 def main(argv=None):
     args = parse(argv)
     cases = grid(args)
@@ -97,8 +122,10 @@ def main(argv=None):
     copy = copy_gbps()
     print(f"{torch.cuda.get_device_name()}: copy ceiling {copy:.0f} GB/s (read + write); bf16, H {args.heads}/"
           f"{args.heads_kv}, hd{args.hdim}, every cache row used, causal")
+    fa4 = load_fa4()
     print(f"{'batch':>5} {'sq':>3} {'cache':>7} {'page':>5} | {'eager ms':>8} | {'flashcute ms':>12} {'GB/s':>6} "
-          f"{'%copy':>6} | {'sdpa ms':>8} {'GB/s':>6} {'%copy':>6} | {'fc/sdpa':>7}   (graph replays)")
+          f"{'%copy':>6} | {'sdpa ms':>8} {'GB/s':>6} {'%copy':>6} | {'fc/sdpa':>7}"
+          + (f" | {'fa4 ms':>8} {'%copy':>6} {'fc/fa4':>6}" if fa4 else "") + "   (graph replays)")
     dt = torch.bfloat16
     groups = {}
     for b, sq, n, page, nbytes in cases:
@@ -131,11 +158,13 @@ def main(argv=None):
             eager = cuda_time(lambda i: call(), target_s=args.target_s).median_ms
             replay = graphed(call)
             t = cuda_time(lambda i: replay(), target_s=args.target_s)
+            replay = None
+            f_ms = fa4_ms(fa4, q, ck, cv, lengths, table, args.target_s)
             fc_gbs, s_gbs = nbytes / (t.median_ms * 1e6), nbytes / (s_ms * 1e6)
+            fa4_cols = f" | {f_ms:>8.3f} {nbytes / (f_ms * 1e6) / copy:>6.0%} {f_ms / t.median_ms:>6.2f}" if fa4 else ""
             print(f"{b:>5} {sq:>3} {n:>7} {page or '-':>5} | {eager:>8.3f} | {t.median_ms:>12.3f} {fc_gbs:>6.0f} "
                   f"{fc_gbs / copy:>6.0%} | {s_ms:>8.3f} {s_gbs:>6.0f} {s_gbs / copy:>6.0%} | "
-                  f"{s_ms / t.median_ms:>7.2f}", flush=True)
-            replay = None
+                  f"{s_ms / t.median_ms:>7.2f}{fa4_cols}", flush=True)
             ck = cv = None  # freed before the next layout is built
             torch.cuda.empty_cache()
         q = kc = vc = qt = kt = vt = None

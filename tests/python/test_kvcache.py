@@ -264,6 +264,7 @@ def test_gpu_random_caches_keep_the_error_rule():
         pytest.skip("no CUDA device")
     import random
     from attn_ref import check, forward
+    from test_gpu_grid import forced_arch
     rng = random.Random(7)
     for case in range(40):
         dt = rng.choice([torch.float16, torch.bfloat16])
@@ -279,18 +280,20 @@ def test_gpu_random_caches_keep_the_error_rule():
         softcap = rng.choice([0.0, 0.0, 15.0])
         sink = torch.randn(hkv * group, device="cuda") if rng.random() < 0.3 else None
         splits = rng.choice([0, 1, 2, 5, 17])
+        arch = rng.choice([None, None, 80, 86, 89, 120])  # the portable kernels under each profile too
         q = _rand(batch, sq, hkv * group, d, seed=case, dtype=dt, device="cuda")
         kc, vc = (_rand(batch, capacity, hkv, d, seed=100 * case + s, dtype=dt, device="cuda") for s in (1, 2))
         kw = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"), causal=causal,
                   window_size=window, softcap=softcap, learnable_sink=sink, num_splits=splits)
-        if page is None:
-            out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, **kw)
-        else:
-            kp, table = _paged(kc.cpu(), page, seed=case)
-            vp, _ = _paged(vc.cpu(), page, seed=case)
-            out, lse = flashcute.flash_attn_with_kvcache(q, kp.cuda(), vp.cuda(), page_table=table.cuda(), **kw)
+        with forced_arch(arch):
+            if page is None:
+                out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, **kw)
+            else:
+                kp, table = _paged(kc.cpu(), page, seed=case)
+                vp, _ = _paged(vc.cpu(), page, seed=case)
+                out, lse = flashcute.flash_attn_with_kvcache(q, kp.cuda(), vp.cuda(), page_table=table.cuda(), **kw)
         what = f"case {case}: {dt} b{batch} hkv{hkv} g{group} d{d} sq{sq} page {page} cap {capacity} {lengths} " \
-               f"causal {causal} window {window} softcap {softcap} sink {sink is not None} splits {splits}"
+               f"causal {causal} window {window} softcap {softcap} sink {sink is not None} splits {splits} arch {arch}"
         for b, n in enumerate(lengths):
             args = (q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], d ** -0.5, causal, window, softcap)
             s64 = None if sink is None else sink.double()
