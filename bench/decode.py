@@ -6,6 +6,7 @@ same run (bytes read + written per second of a large device-to-device copy).
 
     python bench/decode.py                      # H = 32, Hkv = 8, hd128, bf16, the issue's grid
     python bench/decode.py --batch 1,8 --cache 4k,32k --page 0,64 --dry-run
+    python bench/decode.py --prefill --batch 1 --cache 8k --page 0,64,256   # paged prefill against the forward
 
 SDPA's row uses is_causal=False: with one query row that is the same attention; with four it attends to up to
 three more keys than the bottom-right causal mask flashcute applies (a negligible difference in bytes).
@@ -43,6 +44,9 @@ def parse(argv):
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--max-gib", type=float, default=40.0, help="skip shapes whose cache exceeds this")
     ap.add_argument("--target-s", type=float, default=0.2)
+    ap.add_argument("--prefill", action="store_true",
+                    help="instead: sq = cache rows (causal prefill against the cache), each layout's time against "
+                         "flash_attn_func on the same contiguous keys (the issue's 5%% bound for paged prefill)")
     ap.add_argument("--dry-run", action="store_true", help="print the grid and exit (no GPU needed)")
     return ap.parse_args(argv)
 
@@ -101,6 +105,42 @@ def fa4_ms(fa4, q, k, v, lengths, table, target_s):
         return float("nan")
 
 
+def prefill(args, flashcute, torch, cuda_time):
+    """Causal prefill of n rows against a cache of those n rows: flash_attn_with_kvcache (contiguous, then each page
+    size) against flash_attn_func on the same keys, graph-replayed."""
+    print(f"{'batch':>5} {'rows':>7} {'page':>5} | {'kvcache ms':>10} {'TFLOP/s':>8} | {'func ms':>8} | "
+          f"{'kvcache/func':>12}")
+    dt = torch.bfloat16
+    for b in sizes(args.batch):
+        for n in sizes(args.cache):
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q = torch.randn(b, n, args.heads, args.hdim, device="cuda", dtype=dt, generator=gen)
+            kc, vc = (torch.randn(b, n, args.heads_kv, args.hdim, device="cuda", dtype=dt, generator=gen)
+                      for _ in range(2))
+            lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
+            replay = graphed(lambda: flashcute.flash_attn_func(q, kc, vc, causal=True))
+            f_ms = cuda_time(lambda i: replay(), target_s=args.target_s).median_ms
+            flops = 4 * b * args.heads * n * n * args.hdim / 2
+            for page in sizes(args.page):
+                table, ck, cv = None, kc, vc
+                if page:
+                    per = n // page
+                    perm = torch.randperm(b * per, device="cuda", generator=gen)
+                    ck, cv = (torch.empty(b * per, page, args.heads_kv, args.hdim, device="cuda", dtype=dt)
+                              for _ in range(2))
+                    ck[perm] = kc.reshape(b * per, page, args.heads_kv, args.hdim)
+                    cv[perm] = vc.reshape(b * per, page, args.heads_kv, args.hdim)
+                    table = perm.view(b, per).to(torch.int32)
+                replay = graphed(lambda: flashcute.flash_attn_with_kvcache(q, ck, cv, cache_seqlens=lengths,
+                                                                           page_table=table, causal=True))
+                t = cuda_time(lambda i: replay(), target_s=args.target_s).median_ms
+                print(f"{b:>5} {n:>7} {page or '-':>5} | {t:>10.3f} {flops / (t * 1e9):>8.1f} | {f_ms:>8.3f} | "
+                      f"{t / f_ms:>12.3f}", flush=True)
+                replay = None
+            torch.cuda.empty_cache()
+    return 0
+
+
 def main(argv=None):
     args = parse(argv)
     cases = grid(args)
@@ -119,6 +159,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("no CUDA GPU found; --dry-run shows the grid without one", file=sys.stderr)
         return 2
+    if args.prefill:
+        return prefill(args, flashcute, torch, cuda_time)
     copy = copy_gbps()
     print(f"{torch.cuda.get_device_name()}: copy ceiling {copy:.0f} GB/s (read + write); bf16, H {args.heads}/"
           f"{args.heads_kv}, hd{args.hdim}, every cache row used, causal")
