@@ -791,4 +791,14 @@ TEST(Reference, PagedKvArgumentsAreChecked) {
     EXPECT_EQ(flashcute_reference_fwd(&e), FLASHCUTE_ERROR_INVALID_ARGUMENT) << c.name;
     EXPECT_NE(std::string(flashcute_last_error()).find(c.name), std::string::npos) << flashcute_last_error();
   }
+  // Split-KV is the forward's: the reference computes the same attention unsplit, the backward refuses it by name.
+  flashcute_fwd_params s = p;
+  s.page_table = nullptr, s.num_splits = 3;
+  flashcute_fwd_params_set_contiguous_strides(&s);
+  EXPECT_EQ(flashcute_reference_fwd(&s), FLASHCUTE_SUCCESS) << flashcute_last_error();
+  flashcute_bwd_params bp;
+  flashcute_bwd_params_init(&bp);
+  bp.fwd = s;
+  EXPECT_EQ(flashcute_reference_bwd(&bp), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("num_splits"), std::string::npos) << flashcute_last_error();
 }
