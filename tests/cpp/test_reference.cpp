@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kernel_params.h"
 #include "common/mask.h"
 #include "reference/reference.h"
 
@@ -801,4 +802,24 @@ TEST(Reference, PagedKvArgumentsAreChecked) {
   bp.fwd = s;
   EXPECT_EQ(flashcute_reference_bwd(&bp), FLASHCUTE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flashcute_last_error()).find("num_splits"), std::string::npos) << flashcute_last_error();
+}
+
+// The kernels' page lookup divides by page_size with a multiply-high (common/kernel_params.h, page_divisor): the
+// same quotients as division, for page sizes from 1 to 2^31 - 1 and key rows up to 2^31 - 1.
+TEST(PageDivisor, MatchesDivision) {
+  std::mt19937 rng(5);
+  std::vector<int> sizes{1, 2, 3, 5, 7, 16, 17, 64, 100, 255, 256, 1000, 4096, 65535, 65536, 1 << 20, (1 << 30) + 7,
+                         2147483647};
+  for (int i = 0; i < 200; ++i) sizes.push_back(1 + (int)(rng() % 100000));
+  for (int d : sizes) {
+    uint32_t magic = 0;
+    int shift = 0;
+    flashcute::page_divisor(d, magic, shift);
+    std::vector<uint32_t> rows{0, 1, (uint32_t)d - 1, (uint32_t)d, (uint32_t)d + 1, 2147483647u};
+    for (int k = 0; k < 300; ++k) rows.push_back(rng() % 2147483648u);
+    for (uint32_t j : rows) {
+      uint32_t const high = (uint32_t)(((uint64_t)j * magic) >> 32);
+      ASSERT_EQ((high + j) >> shift, j / (uint32_t)d) << "page_size " << d << ", row " << j;
+    }
+  }
 }
