@@ -173,7 +173,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             rows = torch.arange(batch, device=device)[:, None]
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
-    used = seqlens + new
+    used = seqlens + new if new else seqlens
     scale, causal, window_left, window_right, softcap, _ = _arguments(q, softmax_scale, causal, window_size, softcap,
                                                                       False)
 
