@@ -105,6 +105,9 @@ BWD_SM90 = [
 FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 113 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
+    # Decode (a few packed query rows against a long cache): one consumer warpgroup of 64 rows halves the MMA work
+    # per K/V tile, which at 128 rows takes about as long as the tile's load at the H200's per-SM bandwidth.
+    ("sm90", "fwd", 128, 64, 128, 4, 1, 0, "candidate (decode): 145 KB"),
 ]
 
 KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
