@@ -110,7 +110,13 @@ FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 128, 64, 128, 4, 1, 0, "candidate (decode): 145 KB"),
 ]
 
-KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
+# Decode candidate of the portable forward (the only forward on A100 and RTX parts): 64 query rows, half the
+# mma.sync work per K/V tile of the 128-row tiles, for packed decode rows against long caches (priority 0).
+FWD_SM80_CANDIDATES = [
+    ("sm80", "fwd", 128, 64, 64, 4, 2, 0, "candidate (decode): 48 KB"),
+]
+
+KERNELS = FWD_SM80 + FWD_SM80_CANDIDATES + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
 
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
 # (both dtypes' code paths, both tile sets, tuning candidates left out).
