@@ -15,6 +15,7 @@ Both are timed as serving stacks run decode, captured once in a CUDA graph and r
 flashcute's eager time (one call from Python, its host work included) is shown beside it. FlashAttention-4 joins
 where it imports (PYTHONPATH from ../shared/peers/fa4), on the same cache, contiguous or paged."""
 import argparse
+import contextlib
 import os
 import sys
 
@@ -43,6 +44,9 @@ def parse(argv):
     ap.add_argument("--heads-kv", type=int, default=8)
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--max-gib", type=float, default=40.0, help="skip shapes whose cache exceeds this")
+    ap.add_argument("--configs", default="",
+                    help="comma list of kernel configs to time flashcute with (FLASHCUTE_CONFIG; empty: dispatch's "
+                         "choice), e.g. ,sm90_fwd_bf16_hd128_m64n128w4 for the default and the decode candidate")
     ap.add_argument("--target-s", type=float, default=0.2)
     ap.add_argument("--prefill", action="store_true",
                     help="instead: sq = cache rows (causal prefill against the cache), each layout's time against "
@@ -64,6 +68,21 @@ def grid(args):
                         continue
                     cases.append((b, sq, n, page, cache_bytes))
     return cases
+
+
+@contextlib.contextmanager
+def forced_config(name):
+    """FLASHCUTE_CONFIG=name inside (nothing for an empty name)."""
+    old = os.environ.get("FLASHCUTE_CONFIG")
+    if name:
+        os.environ["FLASHCUTE_CONFIG"] = name
+    try:
+        yield
+    finally:
+        if name:
+            os.environ.pop("FLASHCUTE_CONFIG")
+            if old is not None:
+                os.environ["FLASHCUTE_CONFIG"] = old
 
 
 def graphed(fn):
@@ -197,16 +216,19 @@ def main(argv=None):
                 table = perm.view(b, per).to(torch.int32)
             call = (lambda: flashcute.flash_attn_with_kvcache(q, ck, cv, cache_seqlens=lengths, page_table=table,
                                                               causal=True))
-            eager = cuda_time(lambda i: call(), target_s=args.target_s).median_ms
-            replay = graphed(call)
-            t = cuda_time(lambda i: replay(), target_s=args.target_s)
-            replay = None
             f_ms = fa4_ms(fa4, q, ck, cv, lengths, table, args.target_s)
-            fc_gbs, s_gbs = nbytes / (t.median_ms * 1e6), nbytes / (s_ms * 1e6)
-            fa4_cols = f" | {f_ms:>8.3f} {nbytes / (f_ms * 1e6) / copy:>6.0%} {f_ms / t.median_ms:>6.2f}" if fa4 else ""
-            print(f"{b:>5} {sq:>3} {n:>7} {page or '-':>5} | {eager:>8.3f} | {t.median_ms:>12.3f} {fc_gbs:>6.0f} "
-                  f"{fc_gbs / copy:>6.0%} | {s_ms:>8.3f} {s_gbs:>6.0f} {s_gbs / copy:>6.0%} | "
-                  f"{s_ms / t.median_ms:>7.2f}{fa4_cols}", flush=True)
+            for config in args.configs.split(","):  # FLASHCUTE_CONFIG, read by the library at each call
+                with forced_config(config):
+                    eager = cuda_time(lambda i: call(), target_s=args.target_s).median_ms
+                    replay = graphed(call)
+                    t = cuda_time(lambda i: replay(), target_s=args.target_s)
+                    replay = None
+                fc_gbs, s_gbs = nbytes / (t.median_ms * 1e6), nbytes / (s_ms * 1e6)
+                fa4_cols = (f" | {f_ms:>8.3f} {nbytes / (f_ms * 1e6) / copy:>6.0%} {f_ms / t.median_ms:>6.2f}"
+                            if fa4 else "")
+                print(f"{b:>5} {sq:>3} {n:>7} {page or '-':>5} | {eager:>8.3f} | {t.median_ms:>12.3f} "
+                      f"{fc_gbs:>6.0f} {fc_gbs / copy:>6.0%} | {s_ms:>8.3f} {s_gbs:>6.0f} {s_gbs / copy:>6.0%} | "
+                      f"{s_ms / t.median_ms:>7.2f}{fa4_cols}" + (f"  {config}" if config else ""), flush=True)
             ck = cv = None  # freed before the next layout is built
             torch.cuda.empty_cache()
         q = kc = vc = qt = kt = vt = None
