@@ -105,6 +105,9 @@ BWD_SM90 = [
 FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 113 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
+    # hd64 with 192 query rows: three consumer warpgroups taking turns (160 registers each), the tile FA3 and FA4
+    # run at hd64 on Hopper (FA4 0.6-0.7x ahead of the 128-row tile here, bench/RESULTS.md tenth session).
+    ("sm90", "fwd", 64, 192, 128, 12, 1, 0, "candidate: 89 KB"),
     # Decode (a few packed query rows against a long cache): one consumer warpgroup of 64 rows halves the MMA work
     # per K/V tile, which at 128 rows takes about as long as the tile's load at the H200's per-SM bandwidth.
     ("sm90", "fwd", 128, 64, 128, 4, 1, 0, "candidate (decode): 145 KB"),

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   auto pass_turn = [&]() {
     if constexpr (kConsumerGroups > 1) named_arrive(kTurnBarrier0 + (group + 1) % kConsumerGroups, 256);
   };
-  static_assert(kConsumerGroups <= 2, "turns are handed between two warpgroups");
+  static_assert(kConsumerGroups <= 3, "turns go round at most three warpgroups (named barriers 2-4)");
   if (kConsumerGroups > 1 && group == 0) named_arrive(kTurnBarrier0, 256);
 
   constexpr int kPlain = 0, kMasked = 1, kSoftcapped = 2;

@@ -30,8 +30,9 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
   // setmaxnreg budgets (65536 registers per SM, one CTA): the producer only computes addresses. Key tiles wider
   // than 128 (tuning candidates) hold larger S accumulators: their consumers take 240 and the producer 24, FA3's
   // split (ptxas: hd128 n176 then spills 32 B, against 44 B at 232).
-  static constexpr int kProducerRegs = kBlockN > 128 ? 24 : 40;
-  static constexpr int kConsumerRegs = kBlockN > 128 ? 240 : 232;
+  // Three consumer warpgroups (192 query rows, FA3's and FA4's hd64 tile) share what is left after 24: 160 each.
+  static constexpr int kProducerRegs = kBlockM == 192 || kBlockN > 128 ? 24 : 40;
+  static constexpr int kConsumerRegs = kBlockM == 192 ? 160 : kBlockN > 128 ? 240 : 232;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 65536);
   // Q is loaded by the consumers themselves, before their first MMA.
   using GmemLoadQ = typename GmemCopies<Element, kHeadDim, kConsumerThreads>::GmemLoad;
