@@ -1,8 +1,9 @@
 // Split-KV's second pass, for both forward families: each query row's partial results over the chunks of its keys
 // (normalised O_s and lse_s in float32, kernel_params.h) become out = sum_s exp(lse_s - lse) O_s and
 // lse = log(sum_s exp(lse_s) + exp(sink)), the learnable sink joining here (the split CTAs run without it). One
-// warp per (row, head), its lanes across head_dim_v; rows are each sequence's own (SeqInfo), so the padding rows of a
-// varlen batch stay as the caller left them. A chunk that saw no key has lse_s = -inf and adds nothing.
+// warp per (row, head): its lanes share the splits' weights (shared memory), then go across head_dim_v; rows are
+// each sequence's own (SeqInfo), so the padding rows of a varlen batch stay as the caller left them. A chunk that
+// saw no key has lse_s = -inf and adds nothing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,29 +18,38 @@ constexpr int kCombineWarps = 4;
 
 template <class Element>
 __global__ void __launch_bounds__(32 * kCombineWarps) fwd_combine_kernel(__grid_constant__ FwdKernelParams const p) {
+  __shared__ float weights[kCombineWarps][256];  // exp(lse_s - top) of each split (num_splits <= 256, validate.cpp)
   int const b = blockIdx.z, h = blockIdx.y;
   SeqInfo const seq = SeqInfo::make(p, b);
-  int const row = blockIdx.x * kCombineWarps + threadIdx.x / 32;
-  int const lane = threadIdx.x % 32;
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int const row = blockIdx.x * kCombineWarps + warp;
   if (row >= seq.seqlen_q) return;
   int64_t const split_stride = (int64_t)p.nheads * p.partial_rows;
   int64_t const slot = (int64_t)h * p.partial_rows + (p.seq_spans ? seq.q_row0 : (int64_t)b * p.seqlen_q) + row;
   float const sink = p.learnable_sink ? p.learnable_sink[h] : -INFINITY;
   float top = sink;
-  for (int s = 0; s < p.num_splits; ++s) top = fmaxf(top, p.lse_partial[s * split_stride + slot]);
+  for (int s = lane; s < p.num_splits; s += 32) top = fmaxf(top, p.lse_partial[s * split_stride + slot]);
+  for (int o = 16; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
   Element* out = static_cast<Element*>(p.out) + seq.q_offset(p, b, p.out_batch_stride, p.out_row_stride) +
                  (int64_t)row * p.out_row_stride + (int64_t)h * p.out_head_stride;
   float lse = -INFINITY;
   if (top == -INFINITY) {  // no key in any chunk, and no sink
     for (int c = lane; c < p.head_dim_v; c += 32) out[c] = Element(0.f);
   } else {
-    float total = expf(sink - top);  // 0 without a sink
-    for (int s = 0; s < p.num_splits; ++s) total += expf(p.lse_partial[s * split_stride + slot] - top);
+    float total = 0.f;
+    for (int s = lane; s < p.num_splits; s += 32) {
+      float const w = expf(p.lse_partial[s * split_stride + slot] - top);  // 0 for a chunk that saw no key
+      weights[warp][s] = w;
+      total += w;
+    }
+    for (int o = 16; o > 0; o /= 2) total += __shfl_xor_sync(0xffffffffu, total, o);
+    total += expf(sink - top);  // 0 without a sink
+    __syncwarp();
     float const inv = 1.f / total;
     for (int c = lane; c < p.head_dim_v; c += 32) {
       float acc = 0.f;
       for (int s = 0; s < p.num_splits; ++s) {
-        float const w = expf(p.lse_partial[s * split_stride + slot] - top);
+        float const w = weights[warp][s];
         if (w > 0.f) acc += w * p.o_partial[(s * split_stride + slot) * p.head_dim_v + c];
       }
       out[c] = Element(acc * inv);
