@@ -4,6 +4,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/cute_utils.cuh"
 #include "common/kernel_params.h"
 #include "common/mask.h"
 #include "common/tile_scheduler.cuh"
@@ -97,15 +98,28 @@ struct FwdBlock {
     return static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
            h_kv * p.v_head_stride;
   }
-  // Paged K/V (p.page_table): key row j of this block's sequence at its head, in k (or v: pass p.v and its
-  // strides). Only for j < seq.seqlen_k, whose page the table names.
-  template <class Element>
-  CUTE_DEVICE Element const* paged_row(FwdKernelParams const& p, void const* base, int64_t page_stride,
-                                       int64_t row_stride, int64_t head_stride, int j) const {
-    int const slot = int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
-    int const page = min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
-    return static_cast<Element const*>(base) + page * page_stride + (j - slot * p.page_size) * row_stride +
-           h_kv * head_stride;
+  // K (v = false) or V tile n into this thread's shared-memory partition dst, rows and columns bounded as
+  // copy_tile_zfill bounds them (relative to this thread's first vector, (load_row, load_col)); src: the thread's
+  // partition of the tensor's tiles. Paged K/V (kDecode and p.page_table) goes row by row through the page table:
+  // key j is row j - slot * page_size of page table[slot] (clamped), slot = j / page_size.
+  template <bool kDecode, class Element, class TiledCopy, class S, class D, class C>
+  CUTE_DEVICE void load_kv(FwdKernelParams const& p, bool v, TiledCopy const& copy, S const& src, D&& dst,
+                           C const& coord, int n, int rows, int cols, int load_row, int load_col) const {
+    if (kDecode && p.page_table) {
+      Element const* const base = static_cast<Element const*>(v ? p.v : p.k) +
+                                  h_kv * (v ? p.v_head_stride : p.k_head_stride) + load_col;
+      int64_t const page_stride = v ? p.v_batch_stride : p.k_batch_stride;
+      int64_t const row_stride = v ? p.v_row_stride : p.k_row_stride;
+      int const row0 = n * kBlockN + load_row;
+      copy_rows_zfill(copy, src(_, _, _, 0), dst, coord, rows, cols, [&](int r) {
+        int const j = row0 + r;
+        int const slot = int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
+        int const page = min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
+        return base + page * page_stride + (j - slot * p.page_size) * row_stride;
+      });
+    } else {
+      copy_tile_zfill(copy, src(_, _, _, n), dst, coord, rows, cols);
+    }
   }
   template <class Element>
   CUTE_DEVICE Element* out(FwdKernelParams const& p) const {

@@ -74,26 +74,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   copy_base(load_thr, tile_q, load_row, load_col);
   int const k_cols = p.head_dim - load_col;
   int const v_cols = p.head_dim_v - load_col;
-  // K or V tile n, rows bounded as copy_tile_zfill bounds them; paged K/V row by row through the page table.
+  // K or V tile n, rows bounded as copy_tile_zfill bounds them (paged K/V through the page table).
   auto load_k = [&](int n, int rows) __attribute__((always_inline)) {
-    if (kDecode && p.page_table) {
-      copy_rows_zfill(gmem_load, tKgK(_, _, _, 0), tKsK, tKVcKV, rows, k_cols, [&](int r) {
-        return blk.template paged_row<Element>(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
-                                               n * kBlockN + load_row + r) + load_col;
-      });
-    } else {
-      copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK, tKVcKV, rows, k_cols);
-    }
+    blk.template load_kv<kDecode, Element>(p, false, gmem_load, tKgK, tKsK, tKVcKV, n, rows, k_cols, load_row,
+                                           load_col);
   };
   auto load_v = [&](int n, int rows) __attribute__((always_inline)) {
-    if (kDecode && p.page_table) {
-      copy_rows_zfill(gmem_load, tVgV(_, _, _, 0), tVsV, tKVcKV, rows, v_cols, [&](int r) {
-        return blk.template paged_row<Element>(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
-                                               n * kBlockN + load_row + r) + load_col;
-      });
-    } else {
-      copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV, tKVcKV, rows, v_cols);
-    }
+    blk.template load_kv<kDecode, Element>(p, true, gmem_load, tVgV, tVsV, tKVcKV, n, rows, v_cols, load_row,
+                                           load_col);
   };
 
   typename T::TiledMma mma;

@@ -98,24 +98,12 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     int const stage = i % T::kStages;
     int const rows = seq.seqlen_k - n * kBlockN - load_row;
     smem.k_ring.producer_acquire(i);
-    if (kDecode && p.page_table) {
-      copy_rows_zfill(gmem_load, tKgK(_, _, _, 0), tKsK(_, _, _, stage), tKVcKV, rows, k_cols, [&](int r) {
-        return blk.template paged_row<Element>(p, p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
-                                               n * kBlockN + load_row + r) + load_col;
-      });
-    } else {
-      copy_tile_zfill(gmem_load, tKgK(_, _, _, n), tKsK(_, _, _, stage), tKVcKV, rows, k_cols);
-    }
+    blk.template load_kv<kDecode, Element>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage), tKVcKV, n, rows, k_cols,
+                                           load_row, load_col);
     smem.k_ring.producer_commit(i);
     smem.v_ring.producer_acquire(i);
-    if (kDecode && p.page_table) {
-      copy_rows_zfill(gmem_load, tVgV(_, _, _, 0), tVsV(_, _, _, stage), tKVcKV, rows, v_cols, [&](int r) {
-        return blk.template paged_row<Element>(p, p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
-                                               n * kBlockN + load_row + r) + load_col;
-      });
-    } else {
-      copy_tile_zfill(gmem_load, tVgV(_, _, _, n), tVsV(_, _, _, stage), tKVcKV, rows, v_cols);
-    }
+    blk.template load_kv<kDecode, Element>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tKVcKV, n, rows, v_cols,
+                                           load_row, load_col);
     smem.v_ring.producer_commit(i);
   }
   cp_async_wait<0>();
