@@ -85,6 +85,22 @@ def forced_config(name):
                 os.environ["FLASHCUTE_CONFIG"] = old
 
 
+def shuffled_pages(torch, kc, vc, page, gen):
+    """The cache kc, vc (batch, rows, Hkv, D) as pages of `page` rows in shuffled order: (k pages, v pages, page
+    table); page 0: the contiguous cache itself and no table."""
+    if not page:
+        return kc, vc, None
+    b, n = kc.shape[:2]
+    per = n // page
+    perm = torch.randperm(b * per, device=kc.device, generator=gen)
+    pages = []
+    for c in (kc, vc):
+        t = torch.empty(b * per, page, *c.shape[2:], device=c.device, dtype=c.dtype)
+        t[perm] = c.reshape(b * per, page, *c.shape[2:])
+        pages.append(t)
+    return pages[0], pages[1], perm.view(b, per).to(torch.int32)
+
+
 def graphed(fn):
     """fn captured in a CUDA graph (after warm-up on a side stream, as torch.cuda.graphs asks); returns replay."""
     import torch
@@ -141,15 +157,7 @@ def prefill(args, flashcute, torch, cuda_time):
             f_ms = cuda_time(lambda i: replay(), target_s=args.target_s).median_ms
             flops = 4 * b * args.heads * n * n * args.hdim / 2
             for page in sizes(args.page):
-                table, ck, cv = None, kc, vc
-                if page:
-                    per = n // page
-                    perm = torch.randperm(b * per, device="cuda", generator=gen)
-                    ck, cv = (torch.empty(b * per, page, args.heads_kv, args.hdim, device="cuda", dtype=dt)
-                              for _ in range(2))
-                    ck[perm] = kc.reshape(b * per, page, args.heads_kv, args.hdim)
-                    cv[perm] = vc.reshape(b * per, page, args.heads_kv, args.hdim)
-                    table = perm.view(b, per).to(torch.int32)
+                ck, cv, table = shuffled_pages(torch, kc, vc, page, gen)
                 replay = graphed(lambda: flashcute.flash_attn_with_kvcache(q, ck, cv, cache_seqlens=lengths,
                                                                            page_table=table, causal=True))
                 t = cuda_time(lambda i: replay(), target_s=args.target_s).median_ms
@@ -205,15 +213,7 @@ def main(argv=None):
             print(f"  sdpa: {str(e).splitlines()[0]}")
             s_ms = float("nan")
         for page in pages:
-            table, ck, cv = None, kc, vc
-            if page:  # the same cache as shuffled pages
-                per = n // page
-                perm = torch.randperm(b * per, device="cuda", generator=gen)
-                ck, cv = (torch.empty(b * per, page, args.heads_kv, args.hdim, device="cuda", dtype=dt)
-                          for _ in range(2))
-                ck[perm] = kc.reshape(b * per, page, args.heads_kv, args.hdim)
-                cv[perm] = vc.reshape(b * per, page, args.heads_kv, args.hdim)
-                table = perm.view(b, per).to(torch.int32)
+            ck, cv, table = shuffled_pages(torch, kc, vc, page, gen)
             call = (lambda: flashcute.flash_attn_with_kvcache(q, ck, cv, cache_seqlens=lengths, page_table=table,
                                                               causal=True))
             f_ms = fa4_ms(fa4, q, ck, cv, lengths, table, args.target_s)
