@@ -218,15 +218,18 @@ def _launch_cuda(run, workspace_size, p, device):
         _capi.check(run(ctypes.byref(p), ctypes.c_void_p(stream)))
 
 
-def run_forward(q, k, v, out, lse, args, varlen=None, sink=None):
+def run_forward(q, k, v, out, lse, args, varlen=None, sink=None, paged=None):
     """Launches the forward on the current stream into out and lse, which the caller allocated (any strides the
     kernels take: _kernel_ready's). Fixed length: q, k, v, out (B, S, H, D), lse (B, H, S). varlen: (cu_seqlens_q,
-    cu_seqlens_k, seqused_k, seqused_q, max_q, max_k) with q, k, v, out (total, H, D) and lse (H, total). args: (scale, causal,
+    cu_seqlens_k, seqused_k, seqused_q, max_q, max_k) with q, k, v, out (total, H, D) and lse (H, total). paged:
+    (page_table, seqused_k, num_splits) with k, v the pages (see _paged_params). args: (scale, causal,
     window_left, window_right, softcap); sink: the learnable sink or None. The one launch path of the CUDA ops and
     of flashcute.torch."""
     q, k, v = (_kernel_ready(t) for t in (q, k, v))
     dtype = _CUDA_DTYPES[q.dtype]
-    if varlen is None:
+    if paged is not None:
+        p = _paged_params(q, k, v, out, lse, dtype, args, *paged)
+    elif varlen is None:
         p = _fwd_params(q, k, v, out, lse, dtype, *args)
     else:
         p = _varlen_fwd_params(q, k, v, out, lse, dtype, args, *varlen)
@@ -372,14 +375,9 @@ def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, s
     batch, seqlen_q, nheads, _ = q.shape
     table, used = (None if t is None else t.contiguous() for t in (page_table, seqused_k))
     if q.device.type == "cuda":
-        q, k_pages, v_pages = (_kernel_ready(t) for t in (q, k_pages, v_pages))
         out = q.new_empty((batch, seqlen_q, nheads, v_pages.shape[3]))
         lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
-        p = _paged_params(q, k_pages, v_pages, out, lse, _CUDA_DTYPES[q.dtype], args, table, used, num_splits)
-        sink32 = None if learnable_sink is None else learnable_sink.to(torch.float32).contiguous()
-        p.learnable_sink = _ptr(sink32)
-        lib = _capi.lib()
-        _launch_cuda(lib.flashcute_fwd, lib.flashcute_fwd_workspace_size, p, q.device)
+        run_forward(q, k_pages, v_pages, out, lse, args, sink=learnable_sink, paged=(table, used, num_splits))
         return out, lse
     q64, k64, v64, sink64 = (_f64(t) for t in (q, k_pages, v_pages, learnable_sink))
     out = torch.empty((batch, seqlen_q, nheads, v_pages.shape[3]), dtype=torch.float64)
