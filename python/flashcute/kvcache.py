@@ -99,8 +99,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     the valid rows of each sequence before the append (checked against the cache on the host when appending or on
     the CPU; on the GPU without appending the kernels clamp it, with no synchronisation). k, v (batch, seqlen_new,
     nheads_kv, head_dim), if given, are written into the cache in place at rows cache_seqlens[b] ... before
-    attention, and sequence b then attends to
-    its first cache_seqlens[b] + seqlen_new keys (causal and local masks align to its last key, bottom-right).
+    attention, and sequence b then attends to its first cache_seqlens[b] + seqlen_new keys (causal and local masks
+    align to its last key, bottom-right).
     rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), with k given: k is rotated at its cache positions and q at
     cache_seqlens[b] + i (causal or local) or cache_seqlens[b] (otherwise), interleaved or half-split pairs.
     q: (batch, seqlen_q, nheads, head_dim), or (total_q, nheads, head_dim) with cu_seqlens_q (int32 (batch + 1,);
