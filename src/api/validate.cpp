@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api/status.h"
+#include "common/kernel_params.h"
 
 namespace flashcute {
 
@@ -273,8 +274,8 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
   if (p.causal != 0 && p.causal != 1) return bad("causal must be 0 or 1 (got " + str(p.causal) + ")");
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr))
     return bad("cu_seqlens_q and cu_seqlens_k must be given together");
-  if (p.num_splits < 0 || p.num_splits > 256)
-    return bad("num_splits must be in [0, 256] (got " + str(p.num_splits) + ")");
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits)
+    return bad("num_splits must be in [0, " + str(kMaxSplits) + "] (got " + str(p.num_splits) + ")");
   if (p.num_splits > 1 && p.batch * p.num_splits > 65535)
     return bad("num_splits x batch must be at most 65535 (got " + str(p.num_splits) + " x " + str(p.batch) + ")");
   if (p.seqused_k && !p.cu_seqlens_q && !p.page_table)

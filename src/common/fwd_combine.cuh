@@ -18,7 +18,7 @@ constexpr int kCombineWarps = 4;
 
 template <class Element>
 __global__ void __launch_bounds__(32 * kCombineWarps) fwd_combine_kernel(__grid_constant__ FwdKernelParams const p) {
-  __shared__ float weights[kCombineWarps][256];  // exp(lse_s - top) of each split (num_splits <= 256, validate.cpp)
+  __shared__ float weights[kCombineWarps][kMaxSplits];  // exp(lse_s - top) of each split
   int const b = blockIdx.z, h = blockIdx.y;
   SeqInfo const seq = SeqInfo::make(p, b);
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -8,6 +8,9 @@
 
 namespace flashcute {
 
+// Split-KV's largest num_splits: the C API refuses more, and fwd_combine_kernel keeps a weight per split.
+constexpr int kMaxSplits = 256;
+
 // exp(x) = exp2(x * log2(e)): scores, lse and sinks enter the kernels' exp2 in these units.
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -73,7 +76,7 @@ struct FwdKernelParams {
   // O and lse in float32 to o_partial / lse_partial, which fwd_combine_kernel merges. Element (s, h, g, c) lives at
   // ((s * nheads + h) * partial_rows + g) * head_dim_v + c, g being the row's slot: b * seqlen_q + row, or its
   // packed row for varlen (partial_rows: batch * seqlen_q, or total_q).
-  int num_splits;
+  int num_splits;  // at most kMaxSplits
   float* o_partial;
   float* lse_partial;
   int64_t partial_rows;
