@@ -109,8 +109,11 @@ Score score(double const* qi, double const* kj, int64_t d, double scale, double 
   return {x, 1.0};
 }
 
+// The rows of a packed GQA call (packed_gqa > 1) are query row i / packed_gqa each: the mask sees those rows.
+int packed_rows(flashcute_fwd_params const& p) { return p.packed_gqa > 1 ? static_cast<int>(p.packed_gqa) : 1; }
+
 Mask mask_of(flashcute_fwd_params const& p, Sequence const& s) {
-  return Mask::make(s.sq, s.sk, p.causal != 0, p.window_left, p.window_right);
+  return Mask::make(s.sq / packed_rows(p), s.sk, p.causal != 0, p.window_left, p.window_right);
 }
 
 // Zeroes the rows a sequence owns in one gradient tensor, so that keys past seqused_k, and queries that see
@@ -146,6 +149,7 @@ void forward(flashcute_fwd_params const& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     Sequence const seq = sequence(p, b);
     Mask const mask = mask_of(p, seq);
+    int const rows_per_query = packed_rows(p);
     for (int64_t h = 0; h < p.nheads; ++h) {
       int64_t const hk = h / group;
       for (int i = 0; i < seq.sq; ++i) {
@@ -154,7 +158,7 @@ void forward(flashcute_fwd_params const& p) {
         s.clear();
         double m = kNegInf;
         for (int j = 0; j < seq.sk; ++j) {
-          if (!mask.visible(i, j)) continue;
+          if (!mask.visible(i / rows_per_query, j)) continue;
           keys.push_back(j);
           s.push_back(score(qi, k.row(seq, j, hk), d, scale, cap).s);
           if (s.back() > m) m = s.back();

@@ -138,6 +138,13 @@ typedef struct flashcute_fwd_params {
      query tiles alone cannot fill the GPU. 0 or 1: none; at most 256. Needs workspace
      (flashcute_fwd_workspace_size). The reference ignores it (the same attention). */
   int64_t num_splits;
+
+  /* Optional packed GQA (the forward, fixed-length, for decode): 0 or 1: none. g > 1: q, out and lse hold the
+     query heads that share a K/V head as the rows of one head, nheads == nheads_kv and seqlen_q = g x the query
+     rows: row i * g + j of head h is query row i of query head h * g + j. One tile then reads each K/V tile once
+     for all g heads. Masks see query row i (seqlen_q / g rows, bottom-right as usual); not with cu_seqlens_q,
+     seqused_q or learnable_sink. */
+  int64_t packed_gqa;
 } flashcute_fwd_params;
 
 typedef struct flashcute_bwd_params {

@@ -3,10 +3,9 @@ forward, so that decode-shaped calls (a few query rows against a long cache) kee
 head once:
 
 - pack GQA: the g query heads that share a K/V head become g query rows of one head (row i * g + j is query row i
-  of query head hk * g + j), so one tile reads that K/V head for all of them. This changes which rows a mask sees
-  as the diagonal, so it serves calls whose masks do not depend on the row (one query row: causal bottom-right
-  then sees every key; or no mask; no sliding window), and no learnable sink (one logit per query head, which a
-  packed head would mix);
+  of query head hk * g + j), so one tile reads that K/V head for all of them; the C API's packed_gqa tells the
+  kernels, whose masks then see query row i, so every mask serves (causal, window), but not the learnable sink
+  (one logit per query head);
 - split KV (the C API's num_splits): each sequence's keys in chunks of whole key tiles computed side by side, their
   float32 partials combined by the library, where the learnable sink joins.
 
@@ -17,22 +16,22 @@ import math
 import torch
 
 
-def packs(seqlen_q, causal, window_size, learnable_sink, group):
-    """Whether the query heads of a K/V head may share one tile (see the module docstring)."""
-    return (group > 1 and learnable_sink is None and tuple(window_size) == (None, None)
-            and (seqlen_q == 1 or not causal))
+def packs(learnable_sink, group):
+    """Whether the query heads of a K/V head share one tile (see the module docstring)."""
+    return group > 1 and learnable_sink is None
 
 
-def choose_splits(num_splits, batch, heads_kv, rows, capacity, device):
-    """num_splits as given (at most 256, the C API's limit), or for 0 enough chunks of >= 1024 keys that the grid
-    has about two tiles per SM (1 on the CPU, where the reference ignores splits)."""
+def choose_splits(num_splits, batch, heads, rows, capacity, device):
+    """num_splits as given (at most 256, the C API's limit), or for 0 enough chunks of >= 512 keys that the grid
+    has about two tiles per SM (1 on the CPU, where the reference ignores splits). heads: the heads of the call
+    (the K/V heads when packed), rows: each head's query rows."""
     if num_splits > 0:
         return min(num_splits, 256, max(1, 65535 // max(batch, 1)))
-    if device.type != "cuda" or capacity < 2048:
+    if device.type != "cuda" or capacity < 1024:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    tiles = batch * heads_kv * math.ceil(rows / 128)
-    return max(1, min(math.ceil(2 * sms / max(tiles, 1)), capacity // 1024, 64))
+    tiles = batch * heads * math.ceil(rows / 128)
+    return max(1, min(math.ceil(2 * sms / max(tiles, 1)), capacity // 512, 64))
 
 
 def attention(q, k_pages, v_pages, page_table, used, args, learnable_sink, num_splits, pack):
@@ -48,10 +47,7 @@ def attention(q, k_pages, v_pages, page_table, used, args, learnable_sink, num_s
     group = nheads // heads_kv
     rows = seqlen_q * group
     packed = q.reshape(batch, seqlen_q, heads_kv, group, d).transpose(2, 3).reshape(batch, rows, heads_kv, d)
-    # Causal off: a single query row sees every key anyway, and packed rows would move the diagonal.
-    scale, _, left, right, softcap = args
-    out, lse = ops.paged_fwd(packed, k_pages, v_pages, page_table, used, scale, False, left, right, softcap, None,
-                             num_splits)
+    out, lse = ops.paged_fwd(packed, k_pages, v_pages, page_table, used, *args, None, num_splits, group)
     dv = out.shape[-1]
     # Unpack rows (i, j) back to query row i of head hk * group + j.
     out = out.reshape(batch, seqlen_q, group, heads_kv, dv).transpose(2, 3).reshape(batch, seqlen_q, nheads, dv)

@@ -193,8 +193,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     if not paged:  # one page of capacity rows per sequence: the same kernels as a paged cache (decode.py)
         page_table = torch.arange(batch, device=device, dtype=torch.int32)[:, None]
     group = q.shape[2] // k_cache.shape[2]
-    pack = decode.packs(seqlen_q, causal, window_size, learnable_sink, group)
-    splits = decode.choose_splits(num_splits, batch, k_cache.shape[2], seqlen_q * (group if pack else 1),
-                                  capacity, device)
+    pack = decode.packs(learnable_sink, group)
+    splits = decode.choose_splits(num_splits, batch, k_cache.shape[2] if pack else q.shape[2],
+                                  seqlen_q * (group if pack else 1), capacity, device)
     return decode.attention(q, k_cache, v_cache, page_table, used, (scale, causal, window_left, window_right, softcap),
                             learnable_sink, splits, pack)

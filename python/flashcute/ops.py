@@ -222,7 +222,7 @@ def run_forward(q, k, v, out, lse, args, varlen=None, sink=None, paged=None):
     """Launches the forward on the current stream into out and lse, which the caller allocated (any strides the
     kernels take: _kernel_ready's). Fixed length: q, k, v, out (B, S, H, D), lse (B, H, S). varlen: (cu_seqlens_q,
     cu_seqlens_k, seqused_k, seqused_q, max_q, max_k) with q, k, v, out (total, H, D) and lse (H, total). paged:
-    (page_table, seqused_k, num_splits) with k, v the pages (see _paged_params). args: (scale, causal,
+    (page_table, seqused_k, num_splits, packed_gqa) with k, v the pages (see _paged_params). args: (scale, causal,
     window_left, window_right, softcap); sink: the learnable sink or None. The one launch path of the CUDA ops and
     of flashcute.torch."""
     q, k, v = (_kernel_ready(t) for t in (q, k, v))
@@ -348,14 +348,15 @@ def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, determ
 
 _PAGED_FWD_SCHEMA = ("(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor? seqused_k, "
                      "float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-                     "Tensor? learnable_sink=None, int num_splits=0) -> (Tensor out, Tensor lse)")
+                     "Tensor? learnable_sink=None, int num_splits=0, int packed_gqa=0) -> (Tensor out, Tensor lse)")
 
 
-def _paged_params(q, k_pages, v_pages, out, lse, dtype, args, page_table, seqused_k, num_splits):
+def _paged_params(q, k_pages, v_pages, out, lse, dtype, args, page_table, seqused_k, num_splits, packed_gqa):
     """The C API's paged forward: sequence b's keys live in the pages page_table[b, :] names, its first
-    seqused_k[b] of them (all max_pages * page_size without seqused_k) taking part; num_splits: split-KV."""
+    seqused_k[b] of them (all max_pages * page_size without seqused_k) taking part; num_splits: split-KV;
+    packed_gqa: q's rows are packed query heads (the C API's packed_gqa)."""
     p = _fwd_params(q, k_pages, v_pages, out, lse, dtype, *args)
-    p.num_splits = num_splits
+    p.num_splits, p.packed_gqa = num_splits, packed_gqa
     p.seqlen_k = page_table.shape[1] * k_pages.shape[1]
     p.page_table, p.page_table_batch_stride = _ptr(page_table), page_table.stride(0)
     p.page_size, p.num_pages = k_pages.shape[1], k_pages.shape[0]
@@ -366,10 +367,13 @@ def _paged_params(q, k_pages, v_pages, out, lse, dtype, args, page_table, sequse
 @torch.library.custom_op("flashcute::paged_fwd", mutates_args=(), schema=_PAGED_FWD_SCHEMA)
 def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, seqused_k: Optional[Tensor],
               softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-              learnable_sink: Optional[Tensor] = None, num_splits: int = 0) -> tuple[Tensor, Tensor]:
+              learnable_sink: Optional[Tensor] = None, num_splits: int = 0,
+              packed_gqa: int = 0) -> tuple[Tensor, Tensor]:
     """Forward over a paged KV cache (no gradient): q (batch, seqlen_q, nheads, D); k_pages / v_pages (num_pages,
     page_size, nheads_kv, D); page_table (batch, max_pages) int32; num_splits > 1: the keys of each sequence in
-    that many chunks, combined by the library (split-KV). The C library checks the arguments."""
+    that many chunks, combined by the library (split-KV); packed_gqa > 1: q holds nheads_kv heads of packed_gqa query
+    heads each, row i * packed_gqa + j of head h being query row i of head h * packed_gqa + j (the masks see row i).
+    The C library checks the arguments."""
     _check_sink(q, learnable_sink, q.shape[2])
     args = (softmax_scale, causal, window_left, window_right, softcap)
     batch, seqlen_q, nheads, _ = q.shape
@@ -377,12 +381,13 @@ def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, s
     if q.device.type == "cuda":
         out = q.new_empty((batch, seqlen_q, nheads, v_pages.shape[3]))
         lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
-        run_forward(q, k_pages, v_pages, out, lse, args, sink=learnable_sink, paged=(table, used, num_splits))
+        run_forward(q, k_pages, v_pages, out, lse, args, sink=learnable_sink,
+                    paged=(table, used, num_splits, packed_gqa))
         return out, lse
     q64, k64, v64, sink64 = (_f64(t) for t in (q, k_pages, v_pages, learnable_sink))
     out = torch.empty((batch, seqlen_q, nheads, v_pages.shape[3]), dtype=torch.float64)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float64)
-    p = _paged_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, table, used, num_splits)
+    p = _paged_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, table, used, num_splits, packed_gqa)
     p.learnable_sink = _ptr(sink64)
     _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
     return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
@@ -390,7 +395,7 @@ def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, s
 
 @paged_fwd.register_fake
 def _(q, k_pages, v_pages, page_table, seqused_k, softmax_scale, causal, window_left, window_right, softcap,
-      learnable_sink=None, num_splits=0):
+      learnable_sink=None, num_splits=0, packed_gqa=0):
     batch, seqlen_q, nheads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, nheads, v_pages.shape[3]))
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))

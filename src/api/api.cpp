@@ -64,6 +64,7 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
     page_divisor(k.page_size, k.page_magic, k.page_shift);
     k.seqused_k = p.seqused_k;
   }
+  k.packed_gqa = p.packed_gqa > 1 ? (int)p.packed_gqa : 1;
   return k;
 }
 

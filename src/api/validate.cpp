@@ -292,6 +292,18 @@ flashcute_status_t validate_problem(flashcute_fwd_params const& p, Target target
                  " pages of seqlen_k = " + str(p.seqlen_k) + " keys");
   }
   if (p.seqused_q && !p.cu_seqlens_q) return bad("seqused_q needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
+  if (p.packed_gqa < 0 || p.packed_gqa > kMaxInt)
+    return bad("packed_gqa must be 0, 1 (none) or the query heads per K/V head (got " + str(p.packed_gqa) + ")");
+  if (p.packed_gqa > 1) {
+    if (varlen_of(p)) return bad("packed_gqa takes the fixed-length batch: cu_seqlens_q/cu_seqlens_k must be NULL");
+    if (p.nheads != p.nheads_kv)
+      return bad("packed_gqa: q holds the packed heads, so nheads (" + str(p.nheads) + ") must equal nheads_kv (" +
+                 str(p.nheads_kv) + ")");
+    if (p.seqlen_q % p.packed_gqa != 0)
+      return bad("packed_gqa: seqlen_q (" + str(p.seqlen_q) + ") must be a multiple of packed_gqa (" +
+                 str(p.packed_gqa) + ")");
+    if (p.learnable_sink) return bad("packed_gqa: not with learnable_sink (one logit per query head)");
+  }
   if (p.varlen_status && !p.cu_seqlens_q) return bad("varlen_status needs cu_seqlens_q/cu_seqlens_k (varlen mode)");
   if (varlen_of(p)) {
     for (auto const& [name, total] : {std::pair<char const*, int64_t>{"total_q", p.total_q}, {"total_k", p.total_k}}) {
@@ -363,6 +375,7 @@ flashcute_status_t validate_bwd(flashcute_bwd_params const* p, Target target) {
   auto const& f = p->fwd;
   if (f.page_table) return bad("page_table: the backward takes contiguous K/V (paged caches serve inference)");
   if (f.num_splits > 1) return bad("num_splits: the backward does not split the keys (set it to 0)");
+  if (f.packed_gqa > 1) return bad("packed_gqa: the backward takes the query heads unpacked (set it to 0)");
   if (auto s = validate_fwd(&f, target)) return s;
   if (!f.lse && fwd_has_work(f)) return bad("lse is NULL: the backward needs the forward's lse");
   int64_t const es = elem_size(f.dtype);

@@ -18,6 +18,8 @@ struct FwdBlock {
   SeqInfo seq;
   Mask mask;
   int m0, m1;          // query rows [m0, m1) of the sequence
+  int group;           // packed GQA: the tile's rows per query row (p.packed_gqa; 1 without, and outside kDecode)
+  int qm0, qm1;        // the query rows [qm0, qm1) the mask sees for rows [m0, m1): the same without packed GQA
   int n_min, n_max;    // key tiles [n_min, n_max) hold every key some row may see
   int num_top, num_general, num_tiles;
   int n_plain_lo, n_plain_hi;
@@ -41,10 +43,19 @@ struct FwdBlock {
     }
     m0 = m_block * kBlockM;
     if (m0 >= seq.seqlen_q) return false;
-    mask = seq.mask(p);
     m1 = min(m0 + kBlockM, seq.seqlen_q);
-    int const key_lo = mask.block_key_begin(m0);
-    int const key_hi = mask.block_key_end(m1);
+    group = 1;
+    qm0 = m0, qm1 = m1;
+    mask = seq.mask(p);
+    if constexpr (kDecode) {
+      if (p.packed_gqa > 1) {  // rows i * group + j are query row i of group heads (the C API's packed_gqa)
+        group = p.packed_gqa;
+        qm0 = m0 / group, qm1 = (m1 - 1) / group + 1;
+        mask = Mask::make(seq.seqlen_q / group, seq.seqlen_k, p.causal, p.window_left, p.window_right);
+      }
+    }
+    int const key_lo = mask.block_key_begin(qm0);
+    int const key_hi = mask.block_key_end(qm1);
     n_min = key_lo / kBlockN;
     // Tiles wholly outside every row's window are never loaded; an empty range leaves out 0 and lse -inf.
     n_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_min;
@@ -69,7 +80,7 @@ struct FwdBlock {
   // sequence leave the plain body at FA2's instruction count. The only partial tile (the last) is general and comes
   // first.
   CUTE_DEVICE void plan_tiles(FwdKernelParams const& p) {
-    mask.full_key_tiles(m0, m1, kBlockN, n_min, n_max, n_plain_lo, n_plain_hi);
+    mask.full_key_tiles(qm0, qm1, kBlockN, n_min, n_max, n_plain_lo, n_plain_hi);
     if (p.softcap_prescale != 0.f) n_plain_lo = n_plain_hi = n_min;
     num_top = n_max - n_plain_hi;
     num_general = num_top + (n_plain_lo - n_min);

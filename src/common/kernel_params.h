@@ -77,6 +77,8 @@ struct FwdKernelParams {
   // ((s * nheads + h) * partial_rows + g) * head_dim_v + c, g being the row's slot: b * seqlen_q + row, or its
   // packed row for varlen (partial_rows: batch * seqlen_q, or total_q).
   int num_splits;  // at most kMaxSplits
+  // Packed GQA (the C API's packed_gqa; 1: none): row r of a query tile is query row r / packed_gqa for the mask.
+  int packed_gqa;
   float* o_partial;
   float* lse_partial;
   int64_t partial_rows;

@@ -27,9 +27,11 @@ struct TileCoords {
 
 // m0 (first query) and n0 (first key) place the tile in the sequence; every element outside the Mask's window
 // becomes -inf. Rows are queries and columns keys; kTransposed swaps them (the Hopper backward's S^T): key j is seen
-// by queries [query_begin(j), query_end(j + 1)), keys past the sequence by none.
-template <bool kTransposed = false, class Acc, class TiledMma, class Shape>
-CUTE_DEVICE void apply_mask(Acc& acc, TiledMma const& mma, Shape shape, Mask const& mask, int m0, int n0) {
+// by queries [query_begin(j), query_end(j + 1)), keys past the sequence by none. kPacked (the forward's packed GQA):
+// tile row r is query row r / group.
+template <bool kTransposed = false, bool kPacked = false, class Acc, class TiledMma, class Shape>
+CUTE_DEVICE void apply_mask(Acc& acc, TiledMma const& mma, Shape shape, Mask const& mask, int m0, int n0,
+                            int group = 1) {
   Tensor s = make_tensor(acc.data(), acc_as_rowcol(acc.layout()));
   TileCoords<TiledMma, Shape> const base(mma, shape);
   auto const off = TileCoords<TiledMma, Shape>::offsets(mma, shape);
@@ -41,7 +43,8 @@ CUTE_DEVICE void apply_mask(Acc& acc, TiledMma const& mma, Shape shape, Mask con
       begin = mask.query_begin(j) - m0 - base.col_base;
       end = (j < mask.seqlen_k ? mask.query_end(j + 1) : 0) - m0 - base.col_base;
     } else {
-      int const i = m0 + base.row_base + get<0>(off(r, 0));
+      int i = m0 + base.row_base + get<0>(off(r, 0));
+      if constexpr (kPacked) i /= group;
       begin = mask.key_begin(i) - n0 - base.col_base;
       end = mask.key_end(i) - n0 - base.col_base;
     }

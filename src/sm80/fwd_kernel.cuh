@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
 
     gemm_ss<T::kStreamB>(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma, smem_load_q, smem_load_k);
     if constexpr (kKind == kSoftcapped) apply_softcap(acc_s, p.softcap_prescale);
-    if constexpr (kGeneral) apply_mask(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0);
+    if constexpr (kGeneral) apply_mask<false, kDecode>(acc_s, mma, Shape<Int<kBlockM>, Int<kBlockN>>{}, mask, m0, n0,
+                                                     blk.group);
 
     // V has landed, and every warp is done reading K: prefetch the next K (under the softmax and P.V, or under
     // P.V only, see FwdTraits::kLateKPrefetch). A partial last tile is never plain, so it is the first general

@@ -202,7 +202,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   auto softmax_of = [&](int i, auto& acc_s, auto kind, auto& correction) __attribute__((always_inline)) {
     constexpr int kKind = decltype(kind)::value;
     if constexpr (kKind == kSoftcapped) apply_softcap(acc_s, p.softcap_prescale);
-    if constexpr (kKind != kPlain) apply_mask(acc_s, mma_s, tile_s, mask, m0, tile_of(i) * kBlockN);
+    if constexpr (kKind != kPlain)
+      apply_mask<false, kDecode>(acc_s, mma_s, tile_s, mask, m0, tile_of(i) * kBlockN, blk.group);
     softmax.scores(acc_s, p.scale_log2, correction);
   };
   Tensor rP = make_tensor<Element>(partition_fragment_C(mma_s, tile_s).layout());  // P_{i-1}, converted

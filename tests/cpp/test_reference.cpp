@@ -781,6 +781,8 @@ TEST(Reference, PagedKvArgumentsAreChecked) {
       {"num_pages", [](flashcute_fwd_params& f) { f.num_pages = 0; }},
       {"page_table_batch_stride", [](flashcute_fwd_params& f) { f.page_size = 2; }},
       {"num_splits", [](flashcute_fwd_params& f) { f.num_splits = 257; }},
+      {"packed_gqa", [](flashcute_fwd_params& f) { f.packed_gqa = -1; }},
+      {"packed_gqa", [](flashcute_fwd_params& f) { f.packed_gqa = 2; }},  // seqlen_q = 1 is no multiple of 2
       {"fixed-length", [](flashcute_fwd_params& f) {
          static int32_t const cu[3] = {0, 1, 2};
          f.cu_seqlens_q = cu, f.cu_seqlens_k = cu, f.total_q = 2, f.total_k = 2;
@@ -802,6 +804,12 @@ TEST(Reference, PagedKvArgumentsAreChecked) {
   bp.fwd = s;
   EXPECT_EQ(flashcute_reference_bwd(&bp), FLASHCUTE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flashcute_last_error()).find("num_splits"), std::string::npos) << flashcute_last_error();
+  bp.fwd = p;
+  bp.fwd.page_table = nullptr, bp.fwd.packed_gqa = 1;
+  flashcute_fwd_params_set_contiguous_strides(&bp.fwd);
+  bp.fwd.seqlen_q = 2, bp.fwd.packed_gqa = 2;
+  EXPECT_EQ(flashcute_reference_bwd(&bp), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashcute_last_error()).find("packed_gqa"), std::string::npos) << flashcute_last_error();
 }
 
 // The kernels' page lookup divides by page_size with a multiply-high (common/kernel_params.h, page_divisor): the

@@ -177,19 +177,17 @@ def test_decode_split_and_packed_gqa(num_splits, with_sink):
 
 def test_split_and_pack_choices():
     """decode.py's choices: a given num_splits kept within the C API's limits (256, and 65535 CTAs along the batch);
-    0 means unsplit on the CPU; GQA packing only where the mask does not depend on the row and there is no sink."""
+    0 means unsplit on the CPU; GQA packing with every mask (the kernels see the packed rows' query rows) but not
+    with a sink."""
     from flashcute import decode
     cpu = torch.device("cpu")
     assert decode.choose_splits(3, 2, 8, 4, 4096, cpu) == 3
     assert decode.choose_splits(1000, 2, 8, 4, 4096, cpu) == 256
     assert decode.choose_splits(200, 1000, 8, 4, 4096, cpu) == 65
     assert decode.choose_splits(0, 1, 8, 4, 1 << 17, cpu) == 1
-    assert decode.packs(1, True, (None, None), None, 4)
-    assert decode.packs(3, False, (None, None), None, 4)
-    assert not decode.packs(3, True, (None, None), None, 4)  # causal rows would move the diagonal
-    assert not decode.packs(1, False, (8, 0), None, 4)  # a window depends on the row
-    assert not decode.packs(1, False, (None, None), torch.zeros(8), 4)  # one sink logit per query head
-    assert not decode.packs(1, False, (None, None), None, 1)
+    assert decode.packs(None, 4)
+    assert not decode.packs(torch.zeros(8), 4)  # one sink logit per query head
+    assert not decode.packs(None, 1)
 
 
 def test_decode_split_in_bf16_keeps_the_error_rule():
