@@ -41,6 +41,7 @@ class Config:
     modes: list
     impls: list
     archs: list = field(default_factory=lambda: [None])
+    libs: list = field(default_factory=list)
     tokens: int = 16384
     width: int = 2048
     quick: bool = False
@@ -100,6 +101,14 @@ def parse_arch(text):
     return t
 
 
+def parse_lib(text):
+    """'LABEL=PATH' -> (label, path)."""
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise ValueError(f"--lib takes LABEL=PATH, got {text!r}")
+    return label, path
+
+
 def _impl_name(text):
     t = text.strip().lower()
     if t.startswith("sdpa-") or t.startswith("sdpa_"):
@@ -125,6 +134,9 @@ def build_parser():
                    help="flash,efficient,cudnn,flashcute (default), flashcute-det (deterministic backward) "
                         "and fa4 (FlashAttention-4, where it imports)")
     g.add_argument("--arch", help="FLASHCUTE_ARCH values, each timed as its own impl, e.g. 120,80 or native,120")
+    g.add_argument("--lib", action="append", default=[], metavar="LABEL=PATH",
+                   help="another build of libflashcute.so, timed as flashcute@LABEL beside the one loaded "
+                        "(A/B in one process; scripts/ab_tree.sh builds them); repeatable")
     g.add_argument("--tokens", type=int, default=16384, help="batch = tokens // seqlen (default 16384)")
     g.add_argument("--width", type=int, default=2048, help="nheads = width // head_dim (default 2048)")
     g.add_argument("--quick", action="store_true", help="bf16, hdim 64/128, seqlen 1k/4k/16k, causal and not")
@@ -165,10 +177,11 @@ def parse_args(argv=None):
                 raise ValueError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
         impls = _unique([_impl_name(x) for x in _csv(a.impl)])
         archs = _unique([parse_arch(x) for x in _csv(a.arch)]) if a.arch else [None]
+        libs = [parse_lib(x) for x in a.lib]
     except ValueError as e:
         parser.error(str(e))
     return Config(dtypes=dtypes, hdims=hdims, seqlens=seqlens, causals=causals, modes=modes, impls=impls,
-                  archs=archs, tokens=a.tokens, width=a.width, quick=a.quick, out=a.out, readme=a.readme,
+                  archs=archs, libs=libs, tokens=a.tokens, width=a.width, quick=a.quick, out=a.out, readme=a.readme,
                   plots=not a.no_plots, ceilings=not a.no_ceilings, dry_run=a.dry_run, from_json=a.from_json,
                   target_s=a.target_s if a.target_s is not None else (0.2 if a.quick else 0.3),
                   warmup=a.warmup, min_reps=a.min_reps, max_reps=a.max_reps,

@@ -30,29 +30,39 @@ class Flashcute:
     """flashcute.flash_attn_func; with an arch, FLASHCUTE_ARCH is set while it runs (the library reads it per
     call) and the label says which, e.g. 'flashcute[sm120]'."""
 
-    def __init__(self, arch=None, deterministic=False):
+    def __init__(self, arch=None, deterministic=False, lib=None):
         self.arch = arch
         self.deterministic = deterministic
+        self.lib = lib  # (label, path): another build of the library, for A/B timing (--lib)
         shown = arch if arch is not None else os.environ.get(ARCH_ENV)
         name = "flashcute-det" if deterministic else "flashcute"
+        if lib is not None:
+            name += f"@{lib[0]}"
         self.label = f"{name}[sm{shown}]" if shown else name
         self.backend = self.label
         self._fn = None
+        self._handle = None
 
     @contextlib.contextmanager
     def context(self):
-        if self.arch is None:
-            yield
-            return
+        from flashcute import _capi
+        saved_lib = _capi._lib
+        if self.lib is not None:
+            if self._handle is None:
+                self._handle = _capi.load(self.lib[1])
+            _capi._lib = self._handle
         old = os.environ.get(ARCH_ENV)
-        os.environ[ARCH_ENV] = str(self.arch)
+        if self.arch is not None:
+            os.environ[ARCH_ENV] = str(self.arch)
         try:
             yield
         finally:
-            if old is None:
-                os.environ.pop(ARCH_ENV, None)
-            else:
-                os.environ[ARCH_ENV] = old
+            _capi._lib = saved_lib
+            if self.arch is not None:
+                if old is None:
+                    os.environ.pop(ARCH_ENV, None)
+                else:
+                    os.environ[ARCH_ENV] = old
 
     def forward(self, q, k, v, causal):
         if self._fn is None:
@@ -85,12 +95,14 @@ class Fa4:
         return out
 
 
-def build(impl_names, archs=(None,)):
-    """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch; fa4 only where it imports."""
+def build(impl_names, archs=(None,), libs=()):
+    """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch and per other library in libs
+    ((label, path) pairs); fa4 only where it imports."""
     out = []
     for name in impl_names:
         if name in ("flashcute", "flashcute-det"):
-            out += [Flashcute(a, deterministic=name == "flashcute-det") for a in archs]
+            for lib in (None, *libs):
+                out += [Flashcute(a, deterministic=name == "flashcute-det", lib=lib) for a in archs]
         elif name == "fa4":
             if Fa4.available():
                 out.append(Fa4())

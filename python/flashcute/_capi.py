@@ -45,7 +45,7 @@ class FwdParams(ctypes.Structure):
         ("workspace", c_void_p), ("workspace_size", c_size_t),
         ("learnable_sink", c_void_p),
         ("page_table", c_void_p), ("page_table_batch_stride", c_int64), ("page_size", c_int64),
-        ("num_pages", c_int64), ("num_splits", c_int64),
+        ("num_pages", c_int64), ("num_splits", c_int64), ("packed_gqa", c_int64),
     ]
 
 
@@ -100,12 +100,18 @@ def lib():
         if path is None:
             env = os.environ.get("FLASHCUTE_LIBRARY")
             raise FlashCuteError(_NOT_FOUND + (f" (FLASHCUTE_LIBRARY={env!r} is not a file)" if env else ""))
-        handle = ctypes.CDLL(path)
-        for name, (restype, argtypes) in _PROTOTYPES.items():
-            fn = getattr(handle, name)
-            fn.restype, fn.argtypes = restype, argtypes
-        _lib = handle
+        _lib = load(path)
     return _lib
+
+
+def load(path):
+    """The library at path, its entry points typed. lib() holds the one flashcute calls; bench/impls.py swaps in
+    others for A/B timing in one process."""
+    handle = ctypes.CDLL(path)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return handle
 
 
 def _text(raw):
