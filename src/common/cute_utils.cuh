@@ -54,6 +54,25 @@ CUTE_DEVICE auto convert_to(Tensor<Engine, Layout> const& t) {
   return out;
 }
 
+// src converted into dst (both register tensors of one size, dst of a 16-bit type), one 32-bit register of two
+// elements at a time. Element-wise copies of 16-bit values made ptxas split F2FP's packed pairs apart and join them
+// again for the MMA that reads dst (a PRMT and LOP3 per element in the Hopper forward's P conversion, SASS).
+template <class SrcEngine, class SrcLayout, class DstEngine, class DstLayout>
+CUTE_DEVICE void convert_into(Tensor<SrcEngine, SrcLayout> const& src, Tensor<DstEngine, DstLayout>& dst) {
+  using From = typename SrcEngine::value_type;
+  using To = typename DstEngine::value_type;
+  static_assert(sizeof(To) == 2 && decltype(size(src))::value == decltype(size(dst))::value);
+  constexpr int kPairs = decltype(size(src))::value / 2;
+  cutlass::NumericArrayConverter<To, From, 2> convert;
+  auto const* from = reinterpret_cast<cutlass::Array<From, 2> const*>(src.data());
+  auto* to = reinterpret_cast<uint32_t*>(dst.data());
+  CUTE_UNROLL
+  for (int i = 0; i < kPairs; ++i) {
+    cutlass::Array<To, 2> const pair = convert(from[i]);
+    to[i] = reinterpret_cast<uint32_t const&>(pair);
+  }
+}
+
 // How far ahead of its MMAs the B operand of a GEMM is loaded from shared memory: a whole k-slice, or one
 // ldmatrix copy (two n-tiles). A copy ahead holds fewer operand registers: the choice is per kernel config, by
 // measured spills (see FwdTraits::kStreamB).

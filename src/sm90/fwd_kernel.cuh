@@ -188,14 +188,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
 
   // The warpgroups take turns issuing their MMAs: w waits for its turn, issues, then hands the turn to the next.
   // Warpgroup 0 goes first.
+  constexpr bool kTurns = kConsumerGroups > 1 && T::kTakeTurns;
   auto wait_turn = [&]() {
-    if constexpr (kConsumerGroups > 1) named_sync(kTurnBarrier0 + group, 256);
+    if constexpr (kTurns) named_sync(kTurnBarrier0 + group, 256);
   };
   auto pass_turn = [&]() {
-    if constexpr (kConsumerGroups > 1) named_arrive(kTurnBarrier0 + (group + 1) % kConsumerGroups, 256);
+    if constexpr (kTurns) named_arrive(kTurnBarrier0 + (group + 1) % kConsumerGroups, 256);
   };
   static_assert(kConsumerGroups <= 3, "turns go round at most three warpgroups (named barriers 2-4)");
-  if (kConsumerGroups > 1 && group == 0) named_arrive(kTurnBarrier0, 256);
+  if (kTurns && group == 0) named_arrive(kTurnBarrier0, 256);
 
   constexpr int kPlain = 0, kMasked = 1, kSoftcapped = 2;
   // Scores of tile i (landed in acc_s) become probabilities; correction[] says how to rescale O afterwards.
@@ -209,24 +210,26 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   Tensor rP = make_tensor<Element>(partition_fragment_C(mma_s, tile_s).layout());  // P_{i-1}, converted
   Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));           // (MMA, MMA_M, MMA_N / 16)
 
-  // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; the softmax of S_i under the second.
+  // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; the softmax of S_i under the second. O is
+  // rescaled for P_{i-1}'s max (correction, from step i - 1) while S_i is in flight, before P_{i-1} V_{i-1} is
+  // issued (FA3's order), so that only P's conversion waits for the P.V MMA.
+  float correction[kRows];
   auto step = [&](int i, auto kind) __attribute__((always_inline)) {
     int const stage = i % T::kStages, prev = (i - 1) % T::kStages;
     Tensor acc_s = partition_fragment_C(mma_s, tile_s);  // (MMA, MMA_M, MMA_N)
     smem.k_ring.consumer_wait(i);
-    smem.v_ring.consumer_wait(i - 1);
     wait_turn();
     warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), acc_s);
+    OnlineSoftmax<kRows>::rescale(acc_o, correction);
+    smem.v_ring.consumer_wait(i - 1);
     warpgroup_issue<false, true>(mma_o, tOrP, tOrVt(_, _, _, prev), acc_o);
     pass_turn();
     warpgroup_wait_for<1>(acc_s);
     smem.k_ring.consumer_release(i);
-    float correction[kRows];
     softmax_of(i, acc_s, kind, correction);
     warpgroup_wait_for<0>(acc_o, rP);
     smem.v_ring.consumer_release(i - 1);
-    OnlineSoftmax<kRows>::rescale(acc_o, correction);
-    copy(convert_to<Element>(acc_s), rP);
+    convert_into(acc_s, rP);
   };
 
   // The first tile takes the masked (or softcapped) body even where it needs no mask: one tile, at a small cost.
@@ -237,13 +240,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
       warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, 0), acc_s);
       warpgroup_wait_for<0>(acc_s);
       smem.k_ring.consumer_release(0);
-      float correction[kRows];  // O is still zero
       if (p.softcap_prescale != 0.f) {
         softmax_of(0, acc_s, Int<kSoftcapped>{}, correction);
       } else {
         softmax_of(0, acc_s, Int<kMasked>{}, correction);
       }
-      copy(convert_to<Element>(acc_s), rP);
+      convert_into(acc_s, rP);
     }
     if (p.softcap_prescale != 0.f) {
       for (int i = 1; i < num_tiles; ++i) step(i, Int<kSoftcapped>{});  // no plain tiles
@@ -252,6 +254,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
       for (int i = max(num_general, 1); i < num_tiles; ++i) step(i, Int<kPlain>{});
     }
     int const last = num_tiles - 1;
+    OnlineSoftmax<kRows>::rescale(acc_o, correction);
     smem.v_ring.consumer_wait(last);
     warpgroup_issue<false, true>(mma_o, tOrP, tOrVt(_, _, _, last % T::kStages), acc_o);
     warpgroup_wait_for<0>(acc_o, rP);

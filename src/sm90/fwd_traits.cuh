@@ -34,6 +34,9 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
   static constexpr int kProducerRegs = kBlockM == 192 || kBlockN > 128 ? 24 : 40;
   static constexpr int kConsumerRegs = kBlockM == 192 ? 160 : kBlockN > 128 ? 240 : 232;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 65536);
+  // The consumer warpgroups take turns issuing their MMAs at head dims up to 128 only, as FA3 does: beyond, one
+  // warpgroup's softmax is short beside its own MMAs, and the turn barriers only delay issue.
+  static constexpr bool kTakeTurns = kHeadDim <= 128;
   // Q is loaded by the consumers themselves, before their first MMA.
   using GmemLoadQ = typename GmemCopies<Element, kHeadDim, kConsumerThreads>::GmemLoad;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0 && kHeadDim <= 256);
