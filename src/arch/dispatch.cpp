@@ -45,6 +45,7 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
     if (c.direction != problem.direction || c.dtype != problem.dtype) continue;
     if (c.head_dim < problem.head_dim) continue;
     any_head_dim = true;
+    if ((c.min_rows && problem.rows < c.min_rows) || (c.max_rows && problem.rows > c.max_rows)) continue;
     if (!config_fits(c, p)) continue;
     if (better(c, best)) best = &c;
     if ((!built || built(c)) && better(c, best_built)) best_built = &c;

@@ -12,9 +12,11 @@ struct Problem {
   flashcute_direction_t direction;
   flashcute_dtype_t dtype;
   int head_dim;    // max(head_dim, head_dim_v): the kernel tile must cover both
+  int rows = 1 << 30;  // query rows per head: seqlen_q (varlen: its maximum; packed GQA: the packed rows)
 };
 
 // Whether cfg may run under profile p: capabilities, shared memory per block and the occupancy it was sized for.
+// (Its row range is dispatch's preference, not a limit: a forced config runs at any rows.)
 bool config_fits(KernelConfig const& cfg, arch::Profile const& p);
 
 // The chosen config, or null with a reason ("unsupported: ...") in *why. forced (FLASHCUTE_CONFIG, for tuning)

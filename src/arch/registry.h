@@ -27,6 +27,8 @@ struct KernelConfig {
   int smem_bytes;   // dynamic shared memory per CTA
   uint32_t needs;   // arch::Capability bits the kernel's instructions require
   int priority;     // higher wins among configs that fit
+  int min_rows;     // query rows per head (Problem::rows) the config competes at: [min_rows, max_rows], 0 unbounded
+  int max_rows;
 };
 
 // All configs of the instantiation list, built or not.

@@ -46,9 +46,10 @@ def configs():
     for fam, direction, hd, bm, bn, warps, ctas, prio, why in K.KERNELS:
         for dt in K.DTYPES:
             name = f"{fam}_{direction}_{dt}_hd{hd}_m{bm}n{bn}w{warps}"
+            lo, hi = K.ROW_RANGES.get((fam, direction, hd, bm, bn, warps), (None, None))
             out.append(dict(name=name, family=fam, direction=direction, dtype=dt, head_dim=hd, block_m=bm,
                             block_n=bn, warps=warps, ctas=ctas, prio=prio, why=why,
-                            smem=smem_bytes(fam, direction, hd, bm, bn, warps)))
+                            smem=smem_bytes(fam, direction, hd, bm, bn, warps), min_rows=lo or 0, max_rows=hi or 0))
     return out
 
 
@@ -111,7 +112,8 @@ def main():
     for c in cfgs:
         rows.append(f'    {{"{c["name"]}", Family::k{c["family"].capitalize()}, {DIR_ENUM[c["direction"]]}, '
                     f'{DTYPE_ENUM[c["dtype"]]}, {c["head_dim"]}, {c["block_m"]}, {c["block_n"]}, {c["warps"]}, '
-                    f'{c["ctas"]}, {c["smem"]}, {NEEDS[c["family"]]}, {c["prio"]}}},')
+                    f'{c["ctas"]}, {c["smem"]}, {NEEDS[c["family"]]}, {c["prio"]}, {c["min_rows"]}, '
+                    f'{c["max_rows"]}}},')
     write_if_changed(os.path.join(args.out, "configs.inc"),
                      "// Generated from src/instantiations/kernels.py. Do not edit.\n" + "\n".join(rows) + "\n")
 

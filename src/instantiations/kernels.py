@@ -6,7 +6,8 @@ Compile-time axes: family (sm80 portable / sm90 Hopper), direction, dtype, head 
 
 Each entry: (family, direction, head_dim, block_m, block_n, warps, ctas_per_sm, priority, why).
 ctas_per_sm is the occupancy the tile is meant for: dispatch only picks it where smem * ctas_per_sm fits the
-profile's shared memory per SM. Among fitting configs the highest priority wins.
+profile's shared memory per SM. Among fitting configs the highest priority wins. ROW_RANGES below narrows some
+configs to the query rows per head (seqlen_q, packed rows included) they were measured to win at.
 """
 
 DTYPES = ("fp16", "bf16")
@@ -81,10 +82,18 @@ BWD_SM80 = [
 # 0.74-0.89; no spills.
 FWD_SM90 = [
     ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "81 KB"),
+    # hd64 with 192 query rows: three consumer warpgroups taking turns (160 registers each), FA3's and FA4's hd64
+    # tile; from 4k query rows (ROW_RANGES) it ran 0.99-1.16x the 128-row tile, at 1k 0.87-0.99x (bench/RESULTS.md,
+    # twelfth session, run 2).
+    ("sm90", "fwd", 64, 192, 128, 12, 1, 4, "89 KB, from 4k query rows"),
     ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "121 KB"),
     ("sm90", "fwd", 128, 128, 128, 8, 1, 3, "161 KB"),
     ("sm90", "fwd", 192, 128, 96, 8, 1, 3, "193 KB"),
     ("sm90", "fwd", 256, 128, 64, 8, 1, 3, "193 KB"),
+    # At most 64 query rows per head (decode, its query heads packed): one consumer warpgroup halves the MMA work per
+    # K/V tile, which at 128 rows takes about as long as the tile's load at the H200's per-SM bandwidth; decode ran
+    # 1.08-1.19x the 128-row tile (bench/RESULTS.md, twelfth session, run 2).
+    ("sm90", "fwd", 128, 64, 128, 4, 1, 4, "145 KB, up to 64 query rows"),
 ]
 
 # Backward, Hopper wgmma path: 64 query rows per step, Q/dO double-buffered, two warpgroups. With block_n 128 each
@@ -105,12 +114,6 @@ BWD_SM90 = [
 FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 113 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
-    # hd64 with 192 query rows: three consumer warpgroups taking turns (160 registers each), the tile FA3 and FA4
-    # run at hd64 on Hopper (FA4 0.6-0.7x ahead of the 128-row tile here, bench/RESULTS.md tenth session).
-    ("sm90", "fwd", 64, 192, 128, 12, 1, 0, "candidate: 89 KB"),
-    # Decode (a few packed query rows against a long cache): one consumer warpgroup of 64 rows halves the MMA work
-    # per K/V tile, which at 128 rows takes about as long as the tile's load at the H200's per-SM bandwidth.
-    ("sm90", "fwd", 128, 64, 128, 4, 1, 0, "candidate (decode): 145 KB"),
 ]
 
 # Decode candidate of the portable forward (the only forward on A100 and RTX parts): 64 query rows, half the
@@ -118,6 +121,14 @@ FWD_SM90_CANDIDATES = [
 FWD_SM80_CANDIDATES = [
     ("sm80", "fwd", 128, 64, 64, 4, 2, 0, "candidate (decode): 48 KB"),
 ]
+
+# Query rows per head (min, max; None: unbounded) outside which a config does not compete in dispatch (a forced
+# FLASHCUTE_CONFIG still runs it). Keyed by (family, direction, head_dim, block_m, block_n, warps); every other
+# config serves any rows, so each head dim keeps a config for every row count (tests/cpp/test_dispatch.cpp).
+ROW_RANGES = {
+    ("sm90", "fwd", 64, 192, 128, 12): (4096, None),
+    ("sm90", "fwd", 128, 64, 128, 4): (None, 64),
+}
 
 KERNELS = FWD_SM80 + FWD_SM80_CANDIDATES + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
 

@@ -70,6 +70,40 @@ TEST(Dispatch, ForwardCoversEveryHeadDimOnEveryProfile) {
       }
 }
 
+// Row ranges (kernels.py ROW_RANGES) narrow some configs; every row count still finds a config, and on Hopper the
+// narrowed ones win where they apply: 64-row tiles for decode-sized rows, 192-row tiles at hd64 from 4k rows.
+TEST(Dispatch, EveryRowCountFindsAConfigAndRangesApply) {
+  for (auto const& profile : arch::kProfiles)
+    for (auto dir : {FLASHCUTE_FORWARD, FLASHCUTE_BACKWARD})
+      for (int hd : {64, 128, 256})
+        for (int rows : {0, 1, 64, 65, 4095, 4096, 1 << 20}) {
+          std::string why;
+          KernelConfig const* c = select_config(Problem{dir, FLASHCUTE_BFLOAT16, hd, rows}, profile, &why);
+          if (!c) continue;  // e.g. a profile without the backward's shared memory at this head dim
+          EXPECT_TRUE((!c->min_rows || rows >= c->min_rows) && (!c->max_rows || rows <= c->max_rows))
+              << profile.name << " " << c->name << " rows " << rows;
+          std::string why_any;
+          EXPECT_EQ(select_config(Problem{dir, FLASHCUTE_BFLOAT16, hd}, profile, &why_any) != nullptr, true)
+              << profile.name;
+        }
+  arch::Profile const& hopper = *arch::find_profile(90);
+  auto name = [&](int hd, int rows) {
+    KernelConfig const* c = select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, hd, rows}, hopper, nullptr);
+    return std::string(c ? c->name : "none");
+  };
+  EXPECT_EQ(name(128, 4), "sm90_fwd_bf16_hd128_m64n128w4");
+  EXPECT_EQ(name(128, 64), "sm90_fwd_bf16_hd128_m64n128w4");
+  EXPECT_EQ(name(128, 65), "sm90_fwd_bf16_hd128_m128n128w8");
+  EXPECT_EQ(name(64, 4095), "sm90_fwd_bf16_hd64_m128n128w8");
+  EXPECT_EQ(name(64, 4096), "sm90_fwd_bf16_hd64_m192n128w12");
+  // Ranges are dispatch's preference: a forced config runs at any rows.
+  std::string why;
+  KernelConfig const* forced = select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128, 4096}, hopper, &why,
+                                             "sm90_fwd_bf16_hd128_m64n128w4");
+  ASSERT_NE(forced, nullptr) << why;
+  EXPECT_STREQ(forced->name, "sm90_fwd_bf16_hd128_m64n128w4");
+}
+
 TEST(Dispatch, HeadDimAbove256IsUnsupportedWithReason) {
   std::string why;
   EXPECT_EQ(select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 264}, *arch::find_profile(90), &why),
