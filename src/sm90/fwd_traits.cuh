@@ -31,7 +31,9 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
   // than 128 (tuning candidates) hold larger S accumulators: their consumers take 240 and the producer 24, FA3's
   // split (ptxas: hd128 n176 then spills 32 B, against 44 B at 232).
   // Three consumer warpgroups (192 query rows, FA3's and FA4's hd64 tile) share what is left after 24: 160 each.
-  static constexpr int kProducerRegs = kBlockM == 192 || kBlockN > 128 ? 24 : 40;
+  // One consumer warpgroup (64 rows, decode) leaves registers for a producer that gathers paged rows unrolled.
+  static constexpr int kProducerRegs = kBlockM == 64 ? 96 : kBlockM == 192 || kBlockN > 128 ? 24 : 40;
+  static constexpr bool kUnrolledGather = kBlockM == 64;
   static constexpr int kConsumerRegs = kBlockM == 192 ? 160 : kBlockN > 128 ? 240 : 232;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 65536);
   // The consumer warpgroups take turns issuing their MMAs at head dims up to 128 only, as FA3 does: beyond, one
