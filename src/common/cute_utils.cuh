@@ -191,28 +191,32 @@ CUTE_DEVICE void copy_tile_zfill(TiledCopy const& copy, S const& src, D&& dst, C
 // copy_tile_zfill for a tile whose rows lie anywhere (paged K/V): row_ptr(r) is the global address of the tile's
 // row r, asked only for the rows < max_row; src_rows is the thread's partition of any tile with the same row
 // layout (its row strides are not used). Rows counted as copy_offsets counts them (thread 0's), and so is max_row.
-// kUnrolled: every row's address computed up front (its page-table reads in flight together), for callers with
-// the registers; otherwise one row's address is live at a time (the mainloops that inline this are at their
-// register limit).
-template <bool kUnrolled = false, class TiledCopy, class S, class D, class C, class RowPtr>
+// kGroup rows at a time (0: all; a group size that does not divide the rows: 1): their addresses computed first
+// (a paged caller's page-table reads in flight together), then their copies. A group holds its addresses in
+// registers, so callers at their register limit (the mainloops that inline this) take 1.
+template <int kGroup = 1, class TiledCopy, class S, class D, class C, class RowPtr>
 CUTE_DEVICE void copy_rows_zfill(TiledCopy const& copy, S const& src_rows, D&& dst, C const& coord, int max_row,
                                  int max_col, RowPtr const& row_ptr) {
-  if constexpr (kUnrolled) {
-    constexpr int kRows = decltype(size<1>(src_rows))::value;
+  constexpr int kRows = decltype(size<1>(src_rows))::value;
+  constexpr int G = kGroup <= 0 ? kRows : kRows % kGroup == 0 ? kGroup : 1;
+  if constexpr (G > 1) {
     using Ptr = decltype(row_ptr(0));
-    Ptr rows[kRows];
-    CUTE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      int const r = get<0>(coord(0, m, 0));
-      rows[m] = r < max_row ? row_ptr(r) : src_rows(_, m, _).data().get();
-    }
-    CUTE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      bool const row_ok = get<0>(coord(0, m, 0)) < max_row;
-      Tensor src = make_tensor(make_gmem_ptr(rows[m]), src_rows(_, m, _).layout());
+#pragma unroll 1
+    for (int m0 = 0; m0 < kRows; m0 += G) {
+      Ptr rows[G];
       CUTE_UNROLL
-      for (int k = 0; k < size<2>(src_rows); ++k) {
-        cute::copy(copy.with(row_ok && get<1>(coord(0, m, k)) < max_col), src(_, k), dst(_, m, k));
+      for (int g = 0; g < G; ++g) {
+        int const r = get<0>(coord(0, m0 + g, 0));
+        rows[g] = r < max_row ? row_ptr(r) : src_rows(_, m0 + g, _).data().get();
+      }
+      CUTE_UNROLL
+      for (int g = 0; g < G; ++g) {
+        bool const row_ok = get<0>(coord(0, m0 + g, 0)) < max_row;
+        Tensor src = make_tensor(make_gmem_ptr(rows[g]), src_rows(_, m0 + g, _).layout());
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(src_rows); ++k) {
+          cute::copy(copy.with(row_ok && get<1>(coord(0, m0 + g, k)) < max_col), src(_, k), dst(_, m0 + g, k));
+        }
       }
     }
     return;

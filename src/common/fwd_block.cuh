@@ -113,7 +113,7 @@ struct FwdBlock {
   // copy_tile_zfill bounds them (relative to this thread's first vector, (load_row, load_col)); src: the thread's
   // partition of the tensor's tiles. Paged K/V (kDecode and p.page_table) goes row by row through the page table:
   // key j is row j - slot * page_size of page table[slot] (clamped), slot = j / page_size.
-  template <bool kDecode, class Element, bool kUnrolled = false, class TiledCopy, class S, class D, class C>
+  template <bool kDecode, class Element, int kGatherGroup = 1, class TiledCopy, class S, class D, class C>
   CUTE_DEVICE void load_kv(FwdKernelParams const& p, bool v, TiledCopy const& copy, S const& src, D&& dst,
                            C const& coord, int n, int rows, int cols, int load_row, int load_col) const {
     if (kDecode && p.page_table) {
@@ -122,7 +122,7 @@ struct FwdBlock {
       int64_t const page_stride = v ? p.v_batch_stride : p.k_batch_stride;
       int64_t const row_stride = v ? p.v_row_stride : p.k_row_stride;
       int const row0 = n * kBlockN + load_row;
-      copy_rows_zfill<kUnrolled>(copy, src(_, _, _, 0), dst, coord, rows, cols, [&](int r) {
+      copy_rows_zfill<kGatherGroup>(copy, src(_, _, _, 0), dst, coord, rows, cols, [&](int r) {
         int const j = row0 + r;
         int const slot = int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
         int const page = min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);

@@ -98,11 +98,11 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     int const stage = i % T::kStages;
     int const rows = seq.seqlen_k - n * kBlockN - load_row;
     smem.k_ring.producer_acquire(i);
-    blk.template load_kv<kDecode, Element, T::kUnrolledGather>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage), tKVcKV, n, rows, k_cols,
+    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage), tKVcKV, n, rows, k_cols,
                                            load_row, load_col);
     smem.k_ring.producer_commit(i);
     smem.v_ring.producer_acquire(i);
-    blk.template load_kv<kDecode, Element, T::kUnrolledGather>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tKVcKV, n, rows, v_cols,
+    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tKVcKV, n, rows, v_cols,
                                            load_row, load_col);
     smem.v_ring.producer_commit(i);
   }

@@ -33,7 +33,8 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
   // Three consumer warpgroups (192 query rows, FA3's and FA4's hd64 tile) share what is left after 24: 160 each.
   // One consumer warpgroup (64 rows, decode) leaves registers for a producer that gathers paged rows unrolled.
   static constexpr int kProducerRegs = kBlockM == 64 ? 96 : kBlockM == 192 || kBlockN > 128 ? 24 : 40;
-  static constexpr bool kUnrolledGather = kBlockM == 64;
+  // Paged rows gathered this many at a time (copy_rows_zfill; 0: a whole tile).
+  static constexpr int kGatherGroup = kBlockM == 64 ? 0 : 4;
   static constexpr int kConsumerRegs = kBlockM == 192 ? 160 : kBlockN > 128 ? 240 : 232;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 65536);
   // The consumer warpgroups take turns issuing their MMAs at head dims up to 128 only, as FA3 does: beyond, one
