@@ -199,37 +199,23 @@ CUTE_DEVICE void copy_rows_zfill(TiledCopy const& copy, S const& src_rows, D&& d
                                  int max_col, RowPtr const& row_ptr) {
   constexpr int kRows = decltype(size<1>(src_rows))::value;
   constexpr int G = kGroup <= 0 ? kRows : kRows % kGroup == 0 ? kGroup : 1;
-  if constexpr (G > 1) {
-    using Ptr = decltype(row_ptr(0));
+  using Ptr = decltype(row_ptr(0));
 #pragma unroll 1
-    for (int m0 = 0; m0 < kRows; m0 += G) {
-      Ptr rows[G];
-      CUTE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        int const r = get<0>(coord(0, m0 + g, 0));
-        rows[g] = r < max_row ? row_ptr(r) : src_rows(_, m0 + g, _).data().get();
-      }
-      CUTE_UNROLL
-      for (int g = 0; g < G; ++g) {
-        bool const row_ok = get<0>(coord(0, m0 + g, 0)) < max_row;
-        Tensor src = make_tensor(make_gmem_ptr(rows[g]), src_rows(_, m0 + g, _).layout());
-        CUTE_UNROLL
-        for (int k = 0; k < size<2>(src_rows); ++k) {
-          cute::copy(copy.with(row_ok && get<1>(coord(0, m0 + g, k)) < max_col), src(_, k), dst(_, m0 + g, k));
-        }
-      }
-    }
-    return;
-  }
-#pragma unroll 1
-  for (int m = 0; m < size<1>(src_rows); ++m) {
-    int const r = get<0>(coord(0, m, 0));
-    bool const row_ok = r < max_row;
-    Tensor src = make_tensor(make_gmem_ptr(row_ok ? row_ptr(r) : src_rows(_, m, _).data().get()),
-                             src_rows(_, m, _).layout());  // (CPY, CPY_COL); read nothing when !row_ok
+  for (int m0 = 0; m0 < kRows; m0 += G) {
+    Ptr rows[G];
     CUTE_UNROLL
-    for (int k = 0; k < size<2>(src_rows); ++k) {
-      cute::copy(copy.with(row_ok && get<1>(coord(0, m, k)) < max_col), src(_, k), dst(_, m, k));
+    for (int g = 0; g < G; ++g) {
+      int const r = get<0>(coord(0, m0 + g, 0));
+      rows[g] = r < max_row ? row_ptr(r) : src_rows(_, m0 + g, _).data().get();  // read nothing past max_row
+    }
+    CUTE_UNROLL
+    for (int g = 0; g < G; ++g) {
+      bool const row_ok = get<0>(coord(0, m0 + g, 0)) < max_row;
+      Tensor src = make_tensor(make_gmem_ptr(rows[g]), src_rows(_, m0 + g, _).layout());  // (CPY, CPY_COL)
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src_rows); ++k) {
+        cute::copy(copy.with(row_ok && get<1>(coord(0, m0 + g, k)) < max_col), src(_, k), dst(_, m0 + g, k));
+      }
     }
   }
 }
