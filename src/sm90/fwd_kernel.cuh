@@ -3,8 +3,8 @@
 // and expanded views; zeros past the sequence and the head dim either way) and signals each stage through an
 // mbarrier; one consumer warpgroup per 64 query rows computes. The consumers overlap their own softmax with their
 // P.V MMA (S_{i} = Q K_i^T and O += P_{i-1} V_{i-1} are issued back to back, the softmax of S_i runs while
-// P_{i-1} V_{i-1} is in flight) and take turns issuing MMAs (named barriers), so one warpgroup's softmax runs under
-// the other's MMAs. Masking, softmax, tile order, the scheduler and
+// P_{i-1} V_{i-1} is in flight) and, at head dims up to 128, take turns issuing MMAs (named barriers), so one
+// warpgroup's softmax runs under the other's MMAs. Masking, softmax, tile order, the scheduler and
 // the lse store are shared with the portable family (src/common/).
 #pragma once
 
@@ -98,12 +98,12 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     int const stage = i % T::kStages;
     int const rows = seq.seqlen_k - n * kBlockN - load_row;
     smem.k_ring.producer_acquire(i);
-    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage), tKVcKV, n, rows, k_cols,
-                                           load_row, load_col);
+    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage), tKVcKV,
+                                                            n, rows, k_cols, load_row, load_col);
     smem.k_ring.producer_commit(i);
     smem.v_ring.producer_acquire(i);
-    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tKVcKV, n, rows, v_cols,
-                                           load_row, load_col);
+    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tKVcKV,
+                                                            n, rows, v_cols, load_row, load_col);
     smem.v_ring.producer_commit(i);
   }
   cp_async_wait<0>();
