@@ -120,13 +120,21 @@ def test_flags():
     assert (c.b, c.h) == (8192 // c.s, 1024 // c.d)
 
 
+def test_lib_flag_adds_a_flashcute_impl_per_build():
+    from bench.impls import build
+    cfg = cli.parse_args(["--impl", "flashcute", "--lib", "a=/x/liba.so", "--lib", "b=/y/libb.so"])
+    assert cfg.libs == [("a", "/x/liba.so"), ("b", "/y/libb.so")]
+    assert [i.label for i in build(cfg.impls, cfg.archs, cfg.libs)] == ["flashcute", "flashcute@a", "flashcute@b"]
+    assert cli.parse_args([]).libs == []
+
+
 @pytest.mark.parametrize("text,value", [("512", 512), ("1k", 1024), ("16K", 16384), ("4096", 4096)])
 def test_parse_seqlen(text, value):
     assert cli.parse_seqlen(text) == value
 
 
 @pytest.mark.parametrize("bad", [["--mode", "fwdx"], ["--impl", "triton"], ["--dtype", "fp8"],
-                                 ["--causal", "maybe"], ["--arch", "hopper"]])
+                                 ["--causal", "maybe"], ["--arch", "hopper"], ["--lib", "nolabel"]])
 def test_bad_flags_exit(bad):
     with pytest.raises(SystemExit):
         cli.parse_args(bad)
