@@ -97,6 +97,12 @@ inline void page_divisor(int d, uint32_t& magic, int& shift) {
   magic = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - uint64_t(d))) / uint64_t(d) + 1);
 }
 
+// Whether a forward call takes the kernels' decode instantiation (paged K/V, split-KV, packed GQA), which both
+// families launch in place of the plain one so that the plain one keeps its registers.
+inline bool uses_decode_kernel(FwdKernelParams const& p) {
+  return p.page_table || p.num_splits > 1 || p.packed_gqa > 1;
+}
+
 // The dynamic shared memory a launcher requests for a mainloop kernel of kernel_smem bytes: its own, or more where
 // FLASHCUTE_ARCH emulation padded it (smem_request).
 inline int launch_smem(FwdKernelParams const& p, int kernel_smem) {

@@ -39,8 +39,7 @@ inline bool tma_strides_fit(FwdKernelParams const& p) {
 
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
-  bool const decode = p.page_table || p.num_splits > 1 || p.packed_gqa > 1;
-  auto kernel = decode ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
+  auto kernel = uses_decode_kernel(p) ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
   int const smem = launch_smem(p, T::kSmemBytes);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
