@@ -173,32 +173,44 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     }
     Tensor rP = convert_to<Element>(acc_s);
     Tensor rdS = convert_to<Element>(acc_dp);
+    // dV first, then dQ's first chunk as soon as dS is in shared memory, then dK: dQ's atomics are issued while
+    // the tensor cores work on dK.
     if constexpr (T::kSplitHeadDim) {
       cute::copy(sts_ds, sts_ds_thr.retile_S(rP), tPsPt);
       cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
       sync_smem_for_wgmma();  // every warpgroup's P^T and dS^T columns are in shared memory
       warpgroup_issue<false, false>(mma_kv, tVsPt, tVrdOt(_, _, _, stage), acc_dv);
-      warpgroup_issue<false, false>(mma_kv, tKsdSt, tKrQt(_, _, _, stage), acc_dk);
     } else {
       Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
       warpgroup_issue<false, true>(mma_kv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
       cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
-      Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
-      warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
       sync_smem_for_wgmma();  // every warpgroup's dS^T rows are in shared memory
     }
 
     float* const dq_tile = dq_slot + (bh * p.seqlen_q_rounded + m0) * kHeadDim;  // this query tile's chunks
-    CUTE_UNROLL
-    for (int c = 0; c < T::kDqChunks; ++c) {
-      auto tile_dq = Shape<Int<kBlockM>, Int<T::kDqCols>>{};
+    auto tile_dq = Shape<Int<kBlockM>, Int<T::kDqCols>>{};
+    auto dq_chunk = [&](int c, auto issue_dk) __attribute__((always_inline)) {
       Tensor sKt_c = local_tile(sKt, Shape<Int<T::kDqCols>, Int<kBlockN>>{}, make_coord(c, 0));  // (Dc, kBlockN)
       Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt_c));  // (MMA, MMA_Dc, MMA_N)
       Tensor acc_dq = partition_fragment_C(mma_dq, tile_dq);              // (MMA, MMA_M, MMA_Dc / warpgroups)
       warpgroup_issue<true, false>(mma_dq, tQrdS, tQrKt, acc_dq);
-      warpgroup_wait_for<0>(acc_dv, acc_dk, acc_dq, rP, rdS);
+      if constexpr (decltype(issue_dk)::value) {
+        if constexpr (T::kSplitHeadDim) {
+          warpgroup_issue<false, false>(mma_kv, tKsdSt, tKrQt(_, _, _, stage), acc_dk);
+        } else {
+          Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
+          warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
+        }
+        warpgroup_wait_for<1>(acc_dv, acc_dq, rP);
+      } else {
+        warpgroup_wait_for<0>(acc_dq);
+      }
       atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);
-    }
+    };
+    dq_chunk(0, cute::true_type{});
+    warpgroup_wait_for<0>(acc_dk, rdS);
+    CUTE_UNROLL
+    for (int c = 1; c < T::kDqChunks; ++c) dq_chunk(c, cute::false_type{});
   };
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});

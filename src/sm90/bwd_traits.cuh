@@ -37,13 +37,15 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   static_assert(kBlockN == 64 * kWarpgroups || kSplitHeadDim);
   static constexpr int kKeyGroups = kSplitHeadDim ? 1 : kWarpgroups;
   static constexpr int kDimGroups = kSplitHeadDim ? kWarpgroups : 1;
-  static_assert(kBlockM == 64, "dQ = dS K: one wgmma row block, its columns split over the warpgroups");
+  // 64 query rows per step, or (FA3's hd64 tile) 64 per warpgroup when the warpgroups take their own keys.
+  static_assert(kBlockM == 64 || (kBlockM == 64 * kWarpgroups && !kSplitHeadDim));
   static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
 
   // Products, every one with 64 rows per wgmma:
   //   S^T = K Q^T, dP^T = V dO^T   (keys x queries; A and B K-major in shared memory)
   //   dV += P^T dO, dK += dS^T Q   (keys x head dim; dO and Q read MN-major)
-  //   dQ = dS K                    (queries x head dim, split by columns over the warpgroups; dS and K read MN-major)
+  //   dQ = dS K                    (queries x head dim, split over the warpgroups by columns, or by rows when each
+  //                                 has 64 of the query rows; dS and K read MN-major)
   // Computing S^T rather than S leaves P^T and dS^T in the registers that dV and dK take as their A operand, so only
   // dS goes through shared memory. With kSplitHeadDim each warpgroup computes S^T and dP^T for its share of the
   // queries, and dV / dK for its share of the head dim: P^T and dS^T go through shared memory for both.
@@ -62,11 +64,13 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // (32 columns, 16 registers per thread each). ptxas on sm_90a, nvcc 13.0: hd256 with two chunks spilled 12 B.
   static constexpr int kDqChunks = kHeadDim == 256 ? 4 : 1;
   static constexpr int kDqCols = kHeadDim / kDqChunks;
-  static constexpr int kDqColsPerWarpgroup = kDqCols / kWarpgroups;
+  static constexpr int kDqRowGroups = kBlockM / 64;
+  static constexpr int kDqColGroups = kWarpgroups / kDqRowGroups;
+  static constexpr int kDqColsPerWarpgroup = kDqCols / kDqColGroups;
   using TiledMmaQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqColsPerWarpgroup>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
+      Layout<Shape<Int<kDqRowGroups>, Int<kDqColGroups>, _1>>{}));
 
   // The float32 dQ accumulator holds each (kBlockM, kDqCols) chunk in the dQ product's fragment order, as the
   // portable family does (src/sm80/bwd_traits.cuh): pair j of thread t at 2 * (j * kThreads + t) + {0, 1}, so one
