@@ -11,6 +11,17 @@ namespace flashcute {
 
 using namespace cute;
 
+// One 32-bit register into shared memory with st.shared. Through CuTe's UniversalCopy the Hopper backward's dS^T
+// stores came out as generic 64-bit stores (SASS ST.E, two address registers each): the compiler could not tell
+// that the swizzled addresses point into shared memory.
+struct SharedStore32 {
+  using SRegisters = uint32_t[1];
+  using DRegisters = uint32_t[1];
+  CUTE_DEVICE static void copy(uint32_t const& src, uint32_t& dst) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(cast_smem_ptr_to_uint(&dst)), "r"(src) : "memory");
+  }
+};
+
 // An MMA accumulator seen as (rows, cols). SM80 m16n8: ((2 cols, 2 rows), MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)).
 // SM90 wgmma m64nN: ((2 cols, 2 rows, N / 8 col groups), MMA_M, MMA_N) -> ((2, MMA_M), (2, N / 8, MMA_N)). In both,
 // the four threads of a quad hold the same rows.
@@ -258,3 +269,13 @@ CUTE_DEVICE float tanh_accurate(float x) {
 }
 
 }  // namespace flashcute
+
+namespace cute {
+template <>
+struct Copy_Traits<flashcute::SharedStore32> {
+  using ThrID = Layout<_1>;
+  using SrcLayout = Layout<Shape<_1, _32>>;  // (thread, bit)
+  using DstLayout = Layout<Shape<_1, _32>>;
+  using RefLayout = SrcLayout;
+};
+}  // namespace cute

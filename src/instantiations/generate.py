@@ -29,11 +29,13 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps):
             return (block_m + 2 * 2 * block_n) * head_dim * 2 + 1024
         return (block_m + 2 * block_n) * head_dim * 2
     if direction == "bwd" and family == "sm90":
-        # Two Q and dO stages, K, V, dS^T and, when the warpgroups split the head dim (block_n 64, more than one
-        # warpgroup), P^T (16-bit); then two stages of row terms (float32) padded to 1 KB.
+        # Q and dO stages (two when the warpgroups split the head dim: block_n 64, more than one warpgroup; else
+        # three), K, V, two stages of dS^T and, split, P^T (16-bit); then per Q stage its row terms (float32) and
+        # mbarrier, padded to 1 KB.
         split = block_n == 64 and warps > 4
-        rows = (2 * 2 * block_m * 4 + 1023) // 1024 * 1024
-        tiles = 2 * 2 * block_m * head_dim + 2 * block_n * head_dim + (2 if split else 1) * block_n * block_m
+        stages = 2 if split else 3
+        rows = (stages * (2 * block_m * 4 + 8) + 1023) // 1024 * 1024
+        tiles = stages * 2 * block_m * head_dim + 2 * block_n * head_dim + 2 * (2 if split else 1) * block_n * block_m
         return tiles * 2 + rows
     if direction == "bwd":
         from kernels import bwd_smem_bytes  # defined with the backward entries

@@ -107,7 +107,6 @@ BWD_SM90 = [
     ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "145 KB"),
     ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "161 KB"),
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "209 KB"),
-    ("sm90", "bwd", 64, 128, 128, 8, 1, 0, "candidate: 130 KB, FA3's hd64 tile (64 query rows per warpgroup)"),
 ]
 
 # Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with

@@ -1,6 +1,6 @@
 // Hopper backward mainloop (wgmma + cp.async). One CTA owns a kBlockN tile of keys of one K/V head and walks the
-// query tiles that can see it (common/bwd_block.cuh), loading the next tile's Q and dO while the current one is
-// computed. Per query tile:
+// query tiles that can see it (common/bwd_block.cuh), loading Q and dO kStages - 1 tiles ahead into a ring of
+// stages, each signalled by an mbarrier (no CTA barrier at a step's start; BwdTraits::kStages). Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T;  P^T = exp2(S^T * scale_log2 - lse_log2);  dS^T = P^T * (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q   (dV, dK in registers for the whole walk)
 //   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics)
@@ -22,8 +22,10 @@
 
 namespace flashcute::sm90 {
 
+// ring: the Q stages this CTA used before this key tile (each key tile continues the stages' mbarrier phases).
 template <class T>
-__device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const n_block, float* const dq_slot) {
+__device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const n_block, float* const dq_slot,
+                                             int& ring) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
@@ -56,10 +58,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});       // (kBlockN, D)
   Tensor sKt = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKt{});      // (D, kBlockN)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});       // (kBlockN, Dv)
-  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdSt{});   // (kBlockN, kBlockM)
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdS{});     // (kBlockM, kBlockN)
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdSt{});   // (kBlockN, kBlockM, stage)
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdS{});     // (kBlockM, kBlockN, stage)
   Tensor sPt = make_tensor(make_smem_ptr(smem.ds + (T::kSplitHeadDim ? cosize_v<typename T::SmemLayoutdSt> : 0)),
-                           typename T::SmemLayoutdSt{});                            // (kBlockN, kBlockM)
+                           typename T::SmemLayoutdSt{});                            // (kBlockN, kBlockM, stage)
 
   typename T::GmemLoad gmem_load;
   auto load_thr = gmem_load.get_thread_slice(tid);
@@ -79,13 +81,16 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     Tensor tXgX = load_thr.partition_S(local_tile(mX, tile_q, make_coord(m, 0)));
     copy_tile_zfill(gmem_load, tXgX, dst, tQcQ, seq.seqlen_q - m * kBlockM - load_row, cols - load_col);
   };
-  // Q, dO and the lse_log2 and D of the rows of flat iteration `it`.
-  auto load_q_do = [&](int it, int stage) __attribute__((always_inline)) {
+  // Q, dO and the lse_log2 and D of the rows of flat iteration `it` into its stage; the stage's mbarrier completes
+  // once every thread's copies (these and any before) have landed.
+  auto load_q_do = [&](int it) __attribute__((always_inline)) {
     int h, m;
     blk.tile_of(it, h, m);
+    int const stage = (ring + it) % T::kStages;
     load_rows(tQsQ(_, _, _, stage), q_base, p.q_head_stride, p.q_row_stride, p.head_dim, h, m);
     load_rows(tdOsdO(_, _, _, stage), do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, h, m);
     load_row_terms<kBlockM>(p, b, h, m, smem.rows + stage * 2 * kBlockM);
+    cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
   };
 
   if (num_iters > 0) {
@@ -95,8 +100,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
                     p.head_dim - load_col);
     copy_tile_zfill(gmem_load, tVgV, load_thr.partition_D(sV), tKVcKV, seq.seqlen_k - n0 - load_row,
                     p.head_dim_v - load_col);
-    load_q_do(0, 0);
-    cp_async_fence();
+    CUTE_UNROLL
+    for (int it = 0; it < T::kStages - 1; ++it)
+      if (it < num_iters) load_q_do(it);
   }
 
   typename T::TiledMmaSdP mma_sdp;
@@ -112,8 +118,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor tPrdO = thr_sdp.make_fragment_B(thr_sdp.partition_B(sdO));    // (MMA, MMA_M, MMA_Dv, stage)
   Tensor tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt));    // (MMA, MMA_Dv, MMA_M, stage)
   Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt));      // (MMA, MMA_D, MMA_M, stage)
-  Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS));      // (MMA, MMA_M, MMA_N)
-  Tensor tVsPt = thr_kv.make_fragment_A(thr_kv.partition_A(sPt));      // kSplitHeadDim: (MMA, MMA_N, MMA_M)
+  Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS));      // (MMA, MMA_M, MMA_N, stage)
+  Tensor tVsPt = thr_kv.make_fragment_A(thr_kv.partition_A(sPt));      // kSplitHeadDim: (MMA, MMA_N, MMA_M, stage)
   Tensor tKsdSt = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt));
 
   Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
@@ -123,7 +129,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
 
   auto sts_ds = make_tiled_copy_C(typename T::SmemStoreC{}, mma_sdp);
   auto sts_ds_thr = sts_ds.get_thread_slice(tid);
-  Tensor tdSsdS = sts_ds_thr.partition_D(sdSt);
+  Tensor tdSsdS = sts_ds_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, stage)
   Tensor tPsPt = sts_ds_thr.partition_D(sPt);
 
   // Rows (keys) and columns (queries) of the S^T tile this thread holds: its base plus thread 0's compile-time
@@ -139,17 +145,16 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     int h, m;
     blk.tile_of(it, h, m);
     int const m0 = m * kBlockM;
-    int const stage = it & 1;
+    int const stage = (ring + it) % T::kStages;
     int64_t const bh = (int64_t)b * p.nheads + h;
+    int const ds_stage = it & 1;  // the other dS stage may still be read by the other warpgroup's previous step
+    // Issued right after this step's shared-memory barrier: every warp past it is done with step it - 1, whose
+    // stage this refills with step it + kStages - 1.
+    auto load_ahead = [&] {
+      if (it + T::kStages - 1 < num_iters) load_q_do(it + T::kStages - 1);
+    };
 
-    // This step's Q/dO have landed, and every warpgroup is done with the previous step (its dQ read dS and the
-    // other stage), so the other stage may be refilled and dS overwritten.
-    cp_async_wait<0>();
-    sync_smem_for_wgmma();
-    if (it + 1 < num_iters) {
-      load_q_do(it + 1, stage ^ 1);
-      cp_async_fence();
-    }
+    cutlass::arch::ClusterBarrier::wait(&smem.full[stage], ((ring + it) / T::kStages) & 1);
 
     Tensor acc_s = partition_fragment_C(mma_sdp, tile_st);   // (MMA, MMA_N, MMA_M)
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
@@ -158,33 +163,49 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries)
     Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (keys, queries)
     // Row terms from the preprocess; rows past the sequence hold its padding (lse_log2 = +inf, D = 0), so P = 0.
-    float const* lse2 = smem.rows + stage * 2 * kBlockM + s_base.col_base;
-    float const* dsum = lse2 + kBlockM;
+    // Read into registers while the MMAs run: the waits below order every shared-memory access, and reads after
+    // them left the exponentials waiting on their latency (ncu, bench/RESULTS.md thirteenth session).
+    constexpr int kCols = decltype(size<1>(s))::value;
+    float const* const rows = smem.rows + stage * 2 * kBlockM + s_base.col_base;
+    float lse2[kCols], dsum[kCols];
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) lse2[c] = rows[col_term(0, c)], dsum[c] = rows[kBlockM + col_term(0, c)];
+    auto const reg_term = [](int, int c) { return c; };
     if constexpr (kGeneral) {
       warpgroup_wait_for<0>(acc_s, acc_dp);
-      grads_general(s, ds, lse2, dsum, col_term, p.softcap_prescale, p.scale_log2,
+      grads_general(s, ds, lse2, dsum, reg_term, p.softcap_prescale, p.scale_log2,
                     [&] { apply_mask<true>(acc_s, mma_sdp, tile_st, blk.mask, m0, n0); });
     } else {
       // P^T's exponentials run while dP^T is still being computed.
       warpgroup_wait_for<1>(acc_s);
-      probs_plain(s, lse2, col_term, p.scale_log2);
+      probs_plain(s, lse2, reg_term, p.scale_log2);
       warpgroup_wait_for<0>(acc_dp);
-      grads_plain(ds, s, dsum, col_term);
+      grads_plain(ds, s, dsum, reg_term);
     }
+    // Register -> shared stores into this step's dS stage, picked at compile time so every address is a constant
+    // offset (ptxas, hd128: 8 B of spills against 24 B with the stage as a runtime index).
+    auto store_ds_stage = [&](auto const& r, auto& dst) __attribute__((always_inline)) {
+      if (ds_stage)
+        cute::copy(sts_ds, sts_ds_thr.retile_S(r), dst(_, _, _, _1{}));
+      else
+        cute::copy(sts_ds, sts_ds_thr.retile_S(r), dst(_, _, _, _0{}));
+    };
     Tensor rP = convert_to<Element>(acc_s);
     Tensor rdS = convert_to<Element>(acc_dp);
     // dV first, then dQ's first chunk as soon as dS is in shared memory, then dK: dQ's atomics are issued while
     // the tensor cores work on dK.
     if constexpr (T::kSplitHeadDim) {
-      cute::copy(sts_ds, sts_ds_thr.retile_S(rP), tPsPt);
-      cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
+      store_ds_stage(rP, tPsPt);
+      store_ds_stage(rdS, tdSsdS);
       sync_smem_for_wgmma();  // every warpgroup's P^T and dS^T columns are in shared memory
-      warpgroup_issue<false, false>(mma_kv, tVsPt, tVrdOt(_, _, _, stage), acc_dv);
+      load_ahead();
+      warpgroup_issue<false, false>(mma_kv, tVsPt(_, _, _, ds_stage), tVrdOt(_, _, _, stage), acc_dv);
     } else {
       Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
       warpgroup_issue<false, true>(mma_kv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
-      cute::copy(sts_ds, sts_ds_thr.retile_S(rdS), tdSsdS);
+      store_ds_stage(rdS, tdSsdS);
       sync_smem_for_wgmma();  // every warpgroup's dS^T rows are in shared memory
+      load_ahead();
     }
 
     float* const dq_tile = dq_slot + (bh * p.seqlen_q_rounded + m0) * kHeadDim;  // this query tile's chunks
@@ -193,10 +214,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       Tensor sKt_c = local_tile(sKt, Shape<Int<T::kDqCols>, Int<kBlockN>>{}, make_coord(c, 0));  // (Dc, kBlockN)
       Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt_c));  // (MMA, MMA_Dc, MMA_N)
       Tensor acc_dq = partition_fragment_C(mma_dq, tile_dq);              // (MMA, MMA_M, MMA_Dc / warpgroups)
-      warpgroup_issue<true, false>(mma_dq, tQrdS, tQrKt, acc_dq);
+      warpgroup_issue<true, false>(mma_dq, tQrdS(_, _, _, ds_stage), tQrKt, acc_dq);
       if constexpr (decltype(issue_dk)::value) {
         if constexpr (T::kSplitHeadDim) {
-          warpgroup_issue<false, false>(mma_kv, tKsdSt, tKrQt(_, _, _, stage), acc_dk);
+          warpgroup_issue<false, false>(mma_kv, tKsdSt(_, _, _, ds_stage), tKrQt(_, _, _, stage), acc_dk);
         } else {
           Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
           warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
@@ -215,6 +236,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
+  ring += num_iters;
   store_dk_dv<T>(p, blk, mma_kv, acc_dk, acc_dv, sK, sV);
 }
 
@@ -222,7 +244,16 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
-  for_each_key_tile<T::kBlockN>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot); });
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  if (threadIdx.x == 0) {
+    CUTE_UNROLL
+    for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], T::kThreads);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  int ring = 0;
+  for_each_key_tile<T::kBlockN>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot, ring); });
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
 #endif

@@ -1,5 +1,5 @@
 // Compile-time description of one Hopper backward kernel: how its warpgroups share a key tile, the five wgmma
-// products with their operand majors, GMMA shared-memory layouts (two Q/dO stages) and the copies.
+// products with their operand majors, GMMA shared-memory layouts (a ring of Q/dO stages) and the copies.
 // Tiles are chosen in src/instantiations/kernels.py, whose generate.py smem_bytes() mirrors kSmemBytes.
 #pragma once
 
@@ -30,22 +30,26 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpgroups = kThreads / 128;
-  static constexpr int kStages = 2;  // Q/dO of step i + 1 load while step i is computed
   // Warpgroups either take 64 keys each (kBlockN = 64 * warpgroups), or, for head dims whose dK and dV would not
   // fit one warpgroup's registers, all take the same 64 keys and split the head dim (kSplitHeadDim).
   static constexpr bool kSplitHeadDim = kBlockN == 64 && kWarpgroups > 1;
   static_assert(kBlockN == 64 * kWarpgroups || kSplitHeadDim);
   static constexpr int kKeyGroups = kSplitHeadDim ? 1 : kWarpgroups;
   static constexpr int kDimGroups = kSplitHeadDim ? kWarpgroups : 1;
-  // 64 query rows per step, or (FA3's hd64 tile) 64 per warpgroup when the warpgroups take their own keys.
-  static_assert(kBlockM == 64 || (kBlockM == 64 * kWarpgroups && !kSplitHeadDim));
+  // Q/dO stages. The loads of step i + kStages - 1 are issued right after step i's shared-memory barrier, which
+  // every warp passes only once done with step i - 1, whose stage they refill: no CTA barrier at a step's start.
+  // Three stages give those loads more than a step to land; hd192 and hd256 have room for two.
+  static constexpr int kStages = kSplitHeadDim ? 2 : 3;
+  // dS^T (and P^T) alternate between two buffers, so a warpgroup may store step i's while the other still reads
+  // step i - 1's.
+  static constexpr int kDsStages = 2;
+  static_assert(kBlockM == 64, "dQ = dS K: one wgmma row block, its columns split over the warpgroups");
   static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
 
   // Products, every one with 64 rows per wgmma:
   //   S^T = K Q^T, dP^T = V dO^T   (keys x queries; A and B K-major in shared memory)
   //   dV += P^T dO, dK += dS^T Q   (keys x head dim; dO and Q read MN-major)
-  //   dQ = dS K                    (queries x head dim, split over the warpgroups by columns, or by rows when each
-  //                                 has 64 of the query rows; dS and K read MN-major)
+  //   dQ = dS K                    (queries x head dim, split by columns over the warpgroups; dS and K read MN-major)
   // Computing S^T rather than S leaves P^T and dS^T in the registers that dV and dK take as their A operand, so only
   // dS goes through shared memory. With kSplitHeadDim each warpgroup computes S^T and dP^T for its share of the
   // queries, and dV / dK for its share of the head dim: P^T and dS^T go through shared memory for both.
@@ -64,13 +68,11 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // (32 columns, 16 registers per thread each). ptxas on sm_90a, nvcc 13.0: hd256 with two chunks spilled 12 B.
   static constexpr int kDqChunks = kHeadDim == 256 ? 4 : 1;
   static constexpr int kDqCols = kHeadDim / kDqChunks;
-  static constexpr int kDqRowGroups = kBlockM / 64;
-  static constexpr int kDqColGroups = kWarpgroups / kDqRowGroups;
-  static constexpr int kDqColsPerWarpgroup = kDqCols / kDqColGroups;
+  static constexpr int kDqColsPerWarpgroup = kDqCols / kWarpgroups;
   using TiledMmaQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqColsPerWarpgroup>, Int<kBlockN>>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<Int<kDqRowGroups>, Int<kDqColGroups>, _1>>{}));
+      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
 
   // The float32 dQ accumulator holds each (kBlockM, kDqCols) chunk in the dQ product's fragment order, as the
   // portable family does (src/sm80/bwd_traits.cuh): pair j of thread t at 2 * (j * kThreads + t) + {0, 1}, so one
@@ -94,11 +96,14 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
   // dS^T (and P^T) are stored as the registers hold them (keys x queries, queries contiguous): read K-major by
   // dK (dV), and dS^T, transposed, MN-major by dQ.
-  using SmemLayoutdSt = decltype(tile_to_shape(GmmaAtomK<Element, kBlockM>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  // A stage mode last, as for Q: the stage then only offsets each descriptor (a runtime base would rebuild them).
+  using SmemLayoutdSt = decltype(tile_to_shape(GmmaAtomK<Element, kBlockM>{},
+                                               Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsStages>>{}));
   using SmemLayoutdS = decltype(composition(
-      SmemLayoutdSt{}, make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, Step<_2, _1>{})));
+      SmemLayoutdSt{},
+      make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}, Step<_2, _1, _3>{})));
   // Register -> shared stores of accumulator pairs (dS^T, dK, dV, dQ in its conversion).
-  using SmemStoreC = Copy_Atom<UniversalCopy<uint32_t>, Element>;
+  using SmemStoreC = Copy_Atom<SharedStore32, Element>;
 
   static constexpr int kQElems = kBlockM * kHeadDim;
   struct SharedStorage {
@@ -107,15 +112,17 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     alignas(1024) Element dout[cosize_v<SmemLayoutQs>];
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];  // reused for dK in the epilogue
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];  // reused for dV in the epilogue
-    // dS^T, then (kSplitHeadDim) P^T.
+    // dS^T (every stage), then (kSplitHeadDim) P^T (every stage).
     alignas(1024) Element ds[(kSplitHeadDim ? 2 : 1) * cosize_v<SmemLayoutdSt>];
     // Per Q stage: lse_log2 then D of its kBlockM rows (as in the portable family).
     alignas(1024) float rows[kStages * 2 * kBlockM];
+    // Per Q stage: complete once every thread's cp.async copies into it have landed (one arrival per thread).
+    uint64_t full[kStages];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes == (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim +
-                                (kSplitHeadDim ? 2 : 1) * kBlockN * kBlockM) * 2 +
-                                  ((kStages * 2 * kBlockM * 4 + 1023) / 1024) * 1024,
+                                kDsStages * (kSplitHeadDim ? 2 : 1) * kBlockN * kBlockM) * 2 +
+                                  ((kStages * (2 * kBlockM * 4 + 8) + 1023) / 1024) * 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
 
