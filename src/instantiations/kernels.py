@@ -96,17 +96,17 @@ FWD_SM90 = [
     ("sm90", "fwd", 128, 64, 128, 4, 1, 4, "145 KB, up to 64 query rows"),
 ]
 
-# Backward, Hopper wgmma path: 64 query rows per step, Q/dO double-buffered, two warpgroups. With block_n 128 each
+# Backward, Hopper wgmma path: 64 query rows per step, Q/dO in a ring of stages, two warpgroups. With block_n 128 each
 # warpgroup owns 64 of the keys and keeps dK, dV for them in registers (head_dim / 2 floats each per thread); with
 # block_n 64 both warpgroups take the same 64 keys and split the head dim (see src/sm90/bwd_traits.cuh). hd96 runs
 # the portable kernel: 64x128 here spilled 8 B on sm_90a once the epilogue moved into common/bwd_epilogue.cuh, and
 # the spill-free 64x64 ran at 175-214 TFLOP/s on the H200 against the portable 64x128's 220-282 (bench/RESULTS.md,
 # sixth session, run D).
 BWD_SM90 = [
-    ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "81 KB"),
-    ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "145 KB"),
-    ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "161 KB"),
-    ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "209 KB"),
+    ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "114 KB (4 B)"),
+    ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "194 KB (8 B)"),
+    ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "178 KB"),
+    ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "226 KB"),
 ]
 
 # Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with
