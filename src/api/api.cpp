@@ -132,11 +132,13 @@ FwdWorkspace fwd_workspace(flashcute_fwd_params const& p) {
 BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig const& cfg) {
   auto const& p = params.fwd;
   bool const deterministic = params.deterministic != 0;
+  using Dq = BwdWorkspace::Dq;
+  Dq const dq = !deterministic ? Dq::kShared : orders_dq_by_turns(cfg) ? Dq::kTurns : Dq::kSlots;
   // Grid columns of the main kernel: (batch, query head), or (batch, K/V head) for deterministic GQA.
   int64_t const columns = p.batch * (deterministic && p.nheads != p.nheads_kv ? p.nheads_kv : p.nheads);
-  return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_n,
-                            deterministic, (int)(columns < (1 << 30) ? columns : (1 << 30)),
-                            deterministic ? current_sm_count() : 1, span_bytes(p));
+  return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_n, dq,
+                            (int)(columns < (1 << 30) ? columns : (1 << 30)),
+                            dq == Dq::kSlots ? current_sm_count() : 1, span_bytes(p));
 }
 
 // The device-side pointers a varlen call reads or writes besides the tensors.
@@ -313,6 +315,10 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     k.dq_slots = ws.dq_slots;
     k.dq_slot_elems = ws.dq_slot_elems;
     k.deterministic = bp.deterministic != 0;
+    if (k.deterministic && orders_dq_by_turns(*cfg)) {
+      k.dq_turns = reinterpret_cast<int*>(base + ws.dq_turns);
+      k.dq_descending = p.causal || p.window_right != FLASHCUTE_WINDOW_UNBOUNDED;
+    }
     return launch_status(launch(k, stream), cfg->name, device_sm);
   });
 }

@@ -5,14 +5,20 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/kernel_params.h"
+
 namespace flashcute {
 
 struct BwdWorkspace {
   static constexpr int kRowAlign = 128;  // every block_m/block_n of the backward divides this
-  // Deterministic mode: dq_slots CTAs per (batch, head) grid column; CTA s walks key tiles s, s + slots, ... and
-  // adds dQ only into accumulator slot s, so every slot sees its additions in one program order and no CTA ever
-  // waits for another. The dQ conversion kernel sums the slots in a fixed order. choose_dq_slots() picks the count
-  // that keeps the GPU busiest; each slot costs one dQ-sized float32 buffer, so at most kMaxDqSlots.
+  // How the CTAs add into dQ. kShared: all into one accumulator with atomics, in any order (the default mode).
+  // Deterministic mode, by config (orders_dq_by_turns, BwdTraits::kDqTurns): kTurns, the same accumulator, the CTAs of a query tile
+  // taking turns in key-tile order (common/bwd_dq_order.cuh; one int per kDqTurnRows query rows); or
+  // kSlots, dq_slots CTAs per (batch, head) grid column, CTA s walking key tiles s, s + slots, ... and adding only
+  // into accumulator slot s, so every slot sees its additions in one program order and no CTA ever waits for
+  // another; the dQ conversion kernel sums the slots in a fixed order. choose_dq_slots() picks the count that
+  // keeps the GPU busiest; each slot costs one dQ-sized float32 buffer, so at most kMaxDqSlots.
+  enum class Dq { kShared, kSlots, kTurns };
   static constexpr int kMaxDqSlots = 16;
 
   // The slot count s in [1, min(key tiles, kMaxDqSlots)] that wastes least: columns * s CTAs run in whole waves
@@ -34,13 +40,13 @@ struct BwdWorkspace {
   int64_t seqlen_q_rounded, seqlen_k_rounded, head_dim_rounded;
   int dq_slots;
   int64_t dq_slot_elems;  // float32 elements of one slot
-  size_t seq_spans, dq_accum, dsoftmax_sum, lse_log2, dk_accum, dv_accum;  // byte offsets
+  size_t seq_spans, dq_accum, dq_turns, dsoftmax_sum, lse_log2, dk_accum, dv_accum;  // byte offsets
   size_t total;
 
   // Varlen sequences each get a region of the rounded maximum length, indexed by sequence number; span_bytes is
   // the varlen prepare pass's table (0 for the fixed-length batch).
   static BwdWorkspace make(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads, int64_t nheads_kv,
-                           int64_t tile_head_dim, int block_n, bool deterministic, int grid_columns, int sm_count,
+                           int64_t tile_head_dim, int block_n, Dq dq, int grid_columns, int sm_count,
                            size_t span_bytes) {
     auto round = [](int64_t x, int64_t a) { return (x + a - 1) / a * a; };
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
@@ -50,13 +56,15 @@ struct BwdWorkspace {
     w.head_dim_rounded = tile_head_dim;
     int64_t const key_tiles = (seqlen_k + block_n - 1) / block_n;
     int64_t const columns = grid_columns > 0 ? grid_columns : 1;
-    w.dq_slots = deterministic ? choose_dq_slots(key_tiles, columns, sm_count > 0 ? sm_count : 1) : 1;
+    w.dq_slots = dq == Dq::kSlots ? choose_dq_slots(key_tiles, columns, sm_count > 0 ? sm_count : 1) : 1;
     w.dq_slot_elems = batch * nheads * w.seqlen_q_rounded * w.head_dim_rounded;
     size_t off = 0;
     w.seq_spans = off;
     off = align(off + span_bytes);
     w.dq_accum = off;
     off = align(off + sizeof(float) * w.dq_slots * w.dq_slot_elems);
+    w.dq_turns = off;
+    off = align(off + (dq == Dq::kTurns ? sizeof(int) * batch * nheads * w.seqlen_q_rounded / kDqTurnRows : 0));
     w.dsoftmax_sum = off;
     off = align(off + sizeof(float) * batch * nheads * w.seqlen_q_rounded);
     w.lse_log2 = off;

@@ -37,12 +37,7 @@ struct BwdBlock {
     num_heads = group_in_cta ? p.kv_group : 1;
 
     mask = seq.mask(p);
-    m_begin = 0, num_m = 0;
-    if (n0 < seq.seqlen_k) {
-      int const q_lo = mask.query_begin(n0);
-      int const q_hi = mask.query_end(min(n0 + kBlockN, seq.seqlen_k));
-      if (q_hi > q_lo) m_begin = q_lo / kBlockM, num_m = (q_hi + kBlockM - 1) / kBlockM - m_begin;
-    }
+    query_tiles(n0, m_begin, num_m);
     // Query tiles [m_plain_lo, m_plain_hi) see every key of this tile. Without softcap they take the plain step
     // (no mask, no softcap code) in a loop of their own after the general ones, as in the forward (see
     // common/fwd_block.cuh for the measurements behind two loops in sequence). The order of query tiles changes no
@@ -59,6 +54,26 @@ struct BwdBlock {
     per_head_general = cutlass::FastDivmod(max(num_m_general, 1));
     per_head_plain = cutlass::FastDivmod(max(num_m_plain, 1));
     return true;
+  }
+
+  // The query tiles [m_lo, m_lo + count) that can see the key tile starting at key k0 >= 0 of this sequence (none
+  // past its keys): the walk's range, also asked of a neighbouring key tile n by the deterministic dQ order
+  // (sees(), common/bwd_dq_order.cuh).
+  // (Computed in locals, written once: the outputs may be this block's own members.)
+  CUTE_DEVICE void query_tiles(int k0, int& m_lo, int& count) const {
+    int lo = 0, num = 0;
+    if (k0 < seq.seqlen_k) {
+      int const q_lo = mask.query_begin(k0);
+      int const q_hi = mask.query_end(min(k0 + kBlockN, seq.seqlen_k));
+      if (q_hi > q_lo) lo = q_lo / kBlockM, num = (q_hi + kBlockM - 1) / kBlockM - lo;
+    }
+    m_lo = lo, count = num;
+  }
+  CUTE_DEVICE bool sees(int n, int m) const {
+    if (n < 0) return false;
+    int m_lo, count;
+    query_tiles(n * kBlockN, m_lo, count);
+    return m >= m_lo && m < m_lo + count;
   }
 
   // Every key row the sequence owns gets a gradient; rows past seqused_k (seq.seqlen_k) get zeros. Recomputed where

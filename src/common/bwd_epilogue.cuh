@@ -76,20 +76,35 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
              p.head_dim_v);
 }
 
-// The key tiles of one grid column: (key tiles, or dq_slots in deterministic mode; nheads, or nheads_kv for
-// deterministic GQA; batch). Default: one key tile per CTA, every CTA adding dQ into the one accumulator with
-// atomics (their order varies). Deterministic: CTA s of a column walks key tiles s, s + slots, ... and adds only
-// into slot s. The dQ fragment of a query tile maps to the same threads for every key tile, so each float is added
-// to by one thread in program order (same-address atomics of one thread are ordered), and bwd_convert_dq_kernel
-// sums the slots in order. key_tile(n, dq_slot) does one key tile.
-template <int kBlockN, class KeyTile>
+// The key tiles of one grid column: (key tiles, or dq_slots in deterministic mode with slots; nheads, or nheads_kv
+// for deterministic GQA; batch). Default: one key tile per CTA, every CTA adding dQ into the one accumulator with
+// atomics (their order varies). Deterministic with turns (kTurns: T::kDqTurns): likewise, the CTAs of a query
+// tile adding in turn (common/bwd_dq_order.cuh), numbered so that the key tile that goes first is launched first.
+// Deterministic with slots: CTA s of a column walks key tiles s, s + slots, ... and adds only into slot s. The dQ
+// fragment of a query tile maps to the same threads for every key tile, so each float is added to by one thread in
+// program order (same-address atomics of one thread are ordered), and bwd_convert_dq_kernel sums the slots in
+// order. key_tile(n, dq_slot) does one key tile.
+template <int kBlockN, bool kTurns, class KeyTile>
 CUTE_DEVICE void for_each_key_tile(BwdKernelParams const& p, KeyTile&& key_tile) {
   int const key_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  int const stride = p.deterministic ? gridDim.x : key_tiles;
-  float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
-  for (int n = blockIdx.x; n < key_tiles; n += stride) {
-    key_tile(n, dq_slot);
-    __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
+  // Two copies of one walk, each the form ptxas measured best for its tiles: a single form made the kTurns tiles
+  // spill (hd256: 100 B) or changed the SASS of the others.
+  if constexpr (kTurns) {
+    bool const slots = p.deterministic && !p.dq_turns;
+    int const stride = slots ? gridDim.x : key_tiles;
+    float* const dq_slot = p.dq_accum + (slots ? blockIdx.x * p.dq_slot_elems : 0);
+    int const first = p.dq_turns && p.dq_descending ? key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    for (int n = first; n < key_tiles; n += stride) {
+      key_tile(n, dq_slot);
+      __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
+    }
+  } else {
+    int const stride = p.deterministic ? gridDim.x : key_tiles;
+    float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
+    for (int n = blockIdx.x; n < key_tiles; n += stride) {
+      key_tile(n, dq_slot);
+      __syncthreads();
+    }
   }
 }
 

@@ -20,6 +20,8 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
   // index it with compile-time widths.
   if (p.head_dim_rounded != T::kHeadDim || p.seqlen_q_rounded % 128 || p.seqlen_k_rounded % 128)
     return cudaErrorInvalidValue;
+  // The workspace's deterministic dQ scheme (turns or slots) must be the one this family's kernel implements.
+  if (p.deterministic && (p.dq_turns != nullptr) != T::kDqTurns) return cudaErrorInvalidValue;
   constexpr int kRows = BwdRowKernel::kRows;
 
   int const pre_rows = p.seqlen_q_rounded > p.seqlen_k_rounded ? p.seqlen_q_rounded : p.seqlen_k_rounded;
@@ -37,11 +39,12 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
     if (err != cudaSuccess) return err;
   }
   // Varlen: seqlen_k is the longest sequence; key tiles past a shorter one are skipped at once. Deterministic mode
-  // runs dq_slots CTAs per column, each walking a strided set of key tiles (see the mainloop kernels). A pass with
-  // nothing to do (no keys, or no queries) is not launched: a grid dimension of 0 is a launch error.
+  // with slots runs dq_slots CTAs per column, each walking a strided set of key tiles (for_each_key_tile). A pass
+  // with nothing to do (no keys, or no queries) is not launched: a grid dimension of 0 is a launch error.
   bool const group_in_cta = p.nheads != p.nheads_kv && p.deterministic;
   int const key_tiles = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  dim3 const grid(p.deterministic ? p.dq_slots : key_tiles, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
+  bool const slots = p.deterministic && !p.dq_turns;
+  dim3 const grid(slots ? p.dq_slots : key_tiles, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
   if (key_tiles > 0) {
     kernel<<<grid, T::kThreads, smem, stream>>>(p);
     err = cudaGetLastError();

@@ -11,6 +11,9 @@ namespace flashcute {
 // Split-KV's largest num_splits: the C API refuses more, and fwd_combine_kernel keeps a weight per split.
 constexpr int kMaxSplits = 256;
 
+// Query rows per turn word of the deterministic dQ order (common/bwd_dq_order.cuh, src/api/workspace.h).
+constexpr int kDqTurnRows = 4;
+
 // exp(x) = exp2(x * log2(e)): scores, lse and sinks enter the kernels' exp2 in these units.
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -132,6 +135,9 @@ struct BwdKernelParams : FwdKernelParams {
   int dq_slots;           // 1, or in deterministic mode the CTAs per grid column (see src/api/workspace.h)
   int64_t dq_slot_elems;  // float32 elements of one dq_accum slot
   bool deterministic;
+  // Deterministic mode of a config that orders its dQ additions by turns (common/bwd_dq_order.cuh); null otherwise.
+  bool dq_descending;     // the highest key tile adds first (the mask's right side is bounded)
+  int* dq_turns;          // one word per kDqTurnRows rows of (batch, nheads, seqlen_q_rounded)
 };
 
 // Per-sequence view: offsets and lengths of sequence `b`, for both the fixed-length batch and varlen.

@@ -255,7 +255,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
 // Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh).
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
-  for_each_key_tile<T::kBlockN>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot); });
+  for_each_key_tile<T::kBlockN, T::kDqTurns>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot); });
 }
 
 }  // namespace flashcute::sm80

@@ -72,6 +72,8 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
                     kBlockN % (kThreads / Base::kGmemThreadsPerRow) == 0,
                 "tile rows must be a whole number of gmem copy passes");
   static constexpr bool kDoubleBufferQ = bwd_double_buffer_q(kHeadDim, kBlockM, kBlockN);
+  // Deterministic mode gives each CTA of a column a dQ slot of its own (src/api/workspace.h), not turns.
+  static constexpr bool kDqTurns = false;
   static constexpr int kQStages = kDoubleBufferQ ? 2 : 1;
 
   // dQ = dS K is produced in column chunks (whole 64-column swizzle atoms of K) when a whole (kBlockM, D)

@@ -3,15 +3,17 @@
 // stages, each signalled by an mbarrier (no CTA barrier at a step's start; BwdTraits::kStages). Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T;  P^T = exp2(S^T * scale_log2 - lse_log2);  dS^T = P^T * (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q   (dV, dK in registers for the whole walk)
-//   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics)
+//   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics, in
+//                                 deterministic mode in turns: common/bwd_dq_order.cuh)
 // How the warpgroups share the work (one per 64 keys, or all on 64 keys splitting the head dim): see BwdTraits.
-// Semantics, workspace, GQA and deterministic mode as in the portable family (src/sm80/bwd_kernel.cuh).
+// Semantics, workspace and GQA as in the portable family (src/sm80/bwd_kernel.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "common/bwd_atomics.cuh"
 #include "common/bwd_block.cuh"
+#include "common/bwd_dq_order.cuh"
 #include "common/bwd_epilogue.cuh"
 #include "common/bwd_grads.cuh"
 #include "common/cute_utils.cuh"
@@ -138,7 +140,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Coords const s_base(mma_sdp, tile_st);
   auto const s_off = Coords::offsets(mma_sdp, tile_st);  // (rows, cols)
   auto const col_term = [&](int, int c) { return get<1>(s_off(0, c)); };
-
+  // Deterministic mode with turns: the turn word of the previous step's query tile, handed on under the next
+  // step's first MMAs (or after the walk), where the release's fence overlaps the tensor cores.
+  int* turn = nullptr;
 
   auto step = [&](int it, auto general) __attribute__((always_inline)) {
     constexpr bool kGeneral = decltype(general)::value;
@@ -160,6 +164,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
     warpgroup_issue<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
     warpgroup_issue<true, false>(mma_sdp, tPrV, tPrdO(_, _, _, stage), acc_dp);
+    if constexpr (T::kDqTurns) {
+      if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
+    }
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries)
     Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (keys, queries)
     // Row terms from the preprocess; rows past the sequence hold its padding (lse_log2 = +inf, D = 0), so P = 0.
@@ -223,6 +230,14 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
           warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
         }
         warpgroup_wait_for<1>(acc_dv, acc_dq, rP);
+        // The first chunk's atomics wait for this query tile's turn, under the dK product.
+        if constexpr (T::kDqTurns) {
+          if (p.dq_turns) {
+            turn = DqTurns::word<kBlockM, T::kWarps>(p, bh, m0);
+            int const prev = DqTurns::before(p, n_block);
+            DqTurns::wait(turn, blk.sees(prev, m) ? prev + 1 : 0);
+          }
+        }
       } else {
         warpgroup_wait_for<0>(acc_dq);
       }
@@ -236,6 +251,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
+  if constexpr (T::kDqTurns) {
+    if (p.dq_turns && num_iters > 0) DqTurns::pass(turn, n_block + 1);
+  }
   ring += num_iters;
   store_dk_dv<T>(p, blk, mma_kv, acc_dk, acc_dv, sK, sV);
 }
@@ -253,7 +271,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   }
   __syncthreads();
   int ring = 0;
-  for_each_key_tile<T::kBlockN>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot, ring); });
+  for_each_key_tile<T::kBlockN, T::kDqTurns>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot, ring); });
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
 #endif

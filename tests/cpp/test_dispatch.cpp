@@ -246,11 +246,17 @@ TEST(Workspace, DeterministicSlotsFillWholeWaves) {
       int const s = BwdWorkspace::choose_dq_slots(tiles, columns, 108);
       EXPECT_TRUE(s >= 1 && s <= tiles && s <= BwdWorkspace::kMaxDqSlots) << tiles << " tiles, " << columns;
     }
-  BwdWorkspace const plain = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, false, 16, 132, 0);
+  using Dq = BwdWorkspace::Dq;
+  BwdWorkspace const plain = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, Dq::kShared, 16, 132, 0);
   EXPECT_EQ(plain.dq_slots, 1);
-  BwdWorkspace const det = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, true, 4, 132, 0);
+  BwdWorkspace const det = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, Dq::kSlots, 4, 132, 0);
   EXPECT_EQ(det.dq_slots, 8);  // 8 key tiles, 4 columns
   EXPECT_GE(det.total - plain.total, size_t(7) * det.dq_slot_elems * sizeof(float));
+  // Turns: one accumulator, and one int per kDqTurnRows query rows of every (batch, head).
+  BwdWorkspace const turns = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, Dq::kTurns, 4, 132, 0);
+  EXPECT_EQ(turns.dq_slots, 1);
+  EXPECT_GE(turns.dsoftmax_sum - turns.dq_turns, size_t(2) * 8 * 1024 / kDqTurnRows * sizeof(int));
+  EXPECT_EQ(plain.dsoftmax_sum, plain.dq_turns);
 }
 
 // A build without sm_90a has no Hopper kernels: dispatch falls back to the best portable config it compiled, and

@@ -1,0 +1,61 @@
+// Deterministic dQ by turns, for the backward tiles that declare it (BwdTraits::kDqTurns): the CTAs (one key tile
+// each) that add into one query tile of the float32 dQ accumulator take turns in a fixed order of their key tiles,
+// so every float receives its additions in the same order on every run, in the one accumulator the default mode
+// uses. The other deterministic scheme, a dQ slot per CTA of a column (src/api/workspace.h), costs no waiting but a
+// dQ-sized buffer per slot, which at long sequences and wide heads no longer fits in L2. On the H200 (bench/RESULTS.md,
+// fourteenth session) turns cost about 0.5-0.7 us per step whatever the head dim (each hand-over is a GPU-scope
+// release, MEMBAR.GPU, per warp and step): at hd192 and hd256 they ran at 0.75-0.92x the default mode against the
+// slots' 0.54-0.66x, at hd128 about as fast as the slots, at hd64 slower (0.66-0.84x against 0.85-0.99x).
+//
+// Turns are kept per (query head, query tile, warp): a warp's dQ fragment covers the same floats in every CTA
+// (T::dq_frag_offset depends on the thread alone), so warp w waits only for warp w of the key tile before it. A
+// turn word holds 1 + the key tile that added last (0: none yet; the preprocess zeroes the words).
+//
+// Order. With the mask's right side bounded (causal, or a window), a key tile's first visible query tile grows
+// with the key tile, so every walk reaches a query tile after the walk of the key tile above it: the highest key
+// tile goes first, and no CTA waits in the steady state. Otherwise every walk starts at the first query tile and
+// the lowest key tile goes first; the CTAs of a column then settle one hand-over apart. for_each_key_tile gives
+// the key tile that goes first the lowest launch index, so a CTA only ever waits for CTAs launched before it,
+// which the GPU has started (or finished) already: no wait can deadlock.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "common/kernel_params.h"
+
+namespace flashcute {
+
+struct DqTurns {
+  // The turn word of this thread's warp for the query tile at row m0 of (batch, head) row block bh.
+  template <int kBlockM, int kWarps>
+  CUTE_DEVICE static int* word(BwdKernelParams const& p, int64_t bh, int m0) {
+    static_assert(kWarps * kDqTurnRows <= kBlockM, "more turn words per query tile than the workspace holds");
+    return p.dq_turns + (bh * p.seqlen_q_rounded + m0) / kBlockM * kWarps + (int)threadIdx.x / 32;
+  }
+
+  // The key tile whose additions come just before key tile n's, if it sees the same query tile.
+  CUTE_DEVICE static int before(BwdKernelParams const& p, int n) { return p.dq_descending ? n + 1 : n - 1; }
+
+  // Waits (one lane polling) until the word says `value`; the warp's later additions are then ordered after those
+  // the releasing warp made before it.
+  CUTE_DEVICE static void wait(int const* word, int value) {
+    if (threadIdx.x % 32 == 0) {
+      int seen;
+      do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+      } while (seen != value);
+    }
+    __syncwarp();
+  }
+
+  // Hands the turn on once every lane's additions are visible at GPU scope (the release store orders them, the
+  // warp barrier makes them the storing lane's).
+  CUTE_DEVICE static void pass(int* word, int value) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+  }
+};
+
+}  // namespace flashcute
