@@ -315,7 +315,7 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     k.dq_slots = ws.dq_slots;
     k.dq_slot_elems = ws.dq_slot_elems;
     k.deterministic = bp.deterministic != 0;
-    if (k.deterministic && orders_dq_by_turns(*cfg)) {
+    if (ws.dq == BwdWorkspace::Dq::kTurns) {
       k.dq_turns = reinterpret_cast<int*>(base + ws.dq_turns);
       k.dq_descending = p.causal || p.window_right != FLASHCUTE_WINDOW_UNBOUNDED;
     }

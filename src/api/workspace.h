@@ -38,6 +38,7 @@ struct BwdWorkspace {
   }
 
   int64_t seqlen_q_rounded, seqlen_k_rounded, head_dim_rounded;
+  Dq dq;
   int dq_slots;
   int64_t dq_slot_elems;  // float32 elements of one slot
   size_t seq_spans, dq_accum, dq_turns, dsoftmax_sum, lse_log2, dk_accum, dv_accum;  // byte offsets
@@ -54,6 +55,7 @@ struct BwdWorkspace {
     w.seqlen_q_rounded = round(seqlen_q, kRowAlign);
     w.seqlen_k_rounded = round(seqlen_k, kRowAlign);
     w.head_dim_rounded = tile_head_dim;
+    w.dq = dq;
     int64_t const key_tiles = (seqlen_k + block_n - 1) / block_n;
     int64_t const columns = grid_columns > 0 ? grid_columns : 1;
     w.dq_slots = dq == Dq::kSlots ? choose_dq_slots(key_tiles, columns, sm_count > 0 ? sm_count : 1) : 1;

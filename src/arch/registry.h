@@ -14,7 +14,6 @@ struct BwdKernelParams;
 
 enum class Family { kSm80, kSm90 };
 
-
 struct KernelConfig {
   char const* name;
   Family family;

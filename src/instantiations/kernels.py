@@ -103,7 +103,7 @@ FWD_SM90 = [
 # the spill-free 64x64 ran at 175-214 TFLOP/s on the H200 against the portable 64x128's 220-282 (bench/RESULTS.md,
 # sixth session, run D).
 BWD_SM90 = [
-    ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "114 KB (4 B)"),
+    ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "114 KB"),
     ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "194 KB (8 B)"),
     ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "178 KB"),
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "226 KB"),

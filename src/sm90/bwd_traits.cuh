@@ -45,7 +45,7 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr int kDsStages = 2;
   // Deterministic mode: the split-head-dim tiles (hd192, hd256) order their CTAs' dQ additions by turns
   // (common/bwd_dq_order.cuh), the others give each CTA of a column a dQ slot. The turn code is compiled only where
-  // used: it costs the default mode 1-2% at hd192 and hd256, and cost it 3-4% in the hd64 kernel (bench/RESULTS.md,
+  // used: it costs the default mode 0.4-2.3% at hd192 and hd256, and cost it 3-4% in the hd64 kernel (bench/RESULTS.md,
   // fourteenth session). src/arch/registry.h's orders_dq_by_turns agrees.
   static constexpr bool kDqTurns = kSplitHeadDim;
   static_assert(kBlockM == 64, "dQ = dS K: one wgmma row block, its columns split over the warpgroups");
