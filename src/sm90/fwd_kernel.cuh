@@ -26,11 +26,13 @@ namespace flashcute::sm90 {
 // Named barriers of the forward kernel (0 is __syncthreads).
 enum FwdBarrier : int {
   kConsumersBarrier = 1,  // every consumer thread
-  kTurnBarrier0 = 2,      // kTurnBarrier0 + w: consumer warpgroup w may issue its MMAs
+  kTurnBarrier0 = 2,      // kTurnBarrier0 + w: consumer warpgroup w may issue its MMAs (2-4)
+  kProducersBarrier = 5,  // every producer thread (paged K/V by TMA: a partial tile's cp.asyncs have landed)
 };
 
 // What the kernel takes: the family-neutral params and the TMA copies of K and V, which run_fwd builds on the host
-// (src/sm90/fwd_launch.cuh) where use_tma says they serve: fixed-length batches. Varlen batches load with cp.async.
+// (src/sm90/fwd_launch.cuh) where use_tma says they serve: fixed-length batches, and paged K/V whose key tiles never
+// straddle two pages (the copies then address the pages). Varlen batches and other pages load with cp.async.
 template <class T>
 struct FwdParams {
   FwdKernelParams p;
@@ -38,9 +40,91 @@ struct FwdParams {
   bool use_tma;
 };
 
+// Paged K/V by TMA (the decode instantiation; run_fwd makes sure no key tile straddles two pages): key tile n of
+// sequence b is the rows [n * kBlockN - slot * page_size, + kBlockN) of page page_table[b][slot], slot = n * kBlockN /
+// page_size, one TMA copy each for K and V from producer thread 0, which reads the next tile's page entry before
+// waiting for this one's stage. The copies address the (page_size, D, heads, pages) view, so rows past a page arrive
+// as zeros, but rows past seqlen_k inside one would arrive as whatever the cache holds there: the tile holding the
+// last key, when partial (at most one, and general, so the first visited), is gathered with cp.async by every
+// producer thread instead, zeros past the sequence, and signalled by one arrival once every copy has landed.
+template <class T>
+CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
+                                typename T::SharedStorage& smem, int ptid) {
+  using Element = typename T::Element;
+  constexpr int kBlockN = T::kBlockN;
+  constexpr int kHeadDim = T::kHeadDim;
+  FwdKernelParams const& p = params.p;
+  auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.page_size, p.head_dim, p.nheads_kv, p.num_pages));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.page_size, p.head_dim_v, p.nheads_kv, p.num_pages));
+  auto tma_k = params.tma_k.get_slice(_0{});
+  auto tma_v = params.tma_v.get_slice(_0{});
+  Tensor tKsK = group_modes<0, 3>(tma_k.partition_D(sK));  // (TMA, stage)
+  Tensor tVsV = group_modes<0, 3>(tma_v.partition_D(sV));
+  int const* const table = p.page_table + blk.b * p.page_table_batch_stride;
+  auto slot_of = [&](int n) {
+    unsigned const j = unsigned(n * kBlockN);
+    return int((__umulhi(j, p.page_magic) + j) >> p.page_shift);
+  };
+  auto page_of = [&](int slot) { return min(max(table[slot], 0), p.num_pages - 1); };
+  int const full_tiles = blk.seq.seqlen_k / kBlockN;  // tiles n < full_tiles hold kBlockN keys
+
+  typename T::GmemLoad gmem_load;  // the partial tile's cp.asyncs
+  auto load_thr = gmem_load.get_thread_slice(ptid);
+  Tensor tKgK = load_thr.partition_S(local_tile(make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)),
+                                                            tile_kv, make_stride(p.k_row_stride, _1{})),
+                                                tile_kv, make_coord(_, 0)));  // rows' layout only (copy_rows_zfill)
+  Tensor tKsK_cp = load_thr.partition_D(sK);                                     // (CPY, CPY_N, CPY_D, stage)
+  Tensor tVsV_cp = load_thr.partition_D(sV);
+  Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);
+  int load_row, load_col;
+  copy_base(load_thr, tile_kv, load_row, load_col);
+
+  int page = ptid == 0 && blk.num_tiles > 0 ? page_of(slot_of(blk.tile_of(0))) : 0;
+#pragma unroll 1
+  for (int i = 0; i < blk.num_tiles; ++i) {
+    int const n = blk.tile_of(i);
+    int const stage = i % T::kStages;
+    if (n < full_tiles) {
+      if (ptid != 0) continue;
+      int const slot = slot_of(n);
+      int const in_page = (n * kBlockN - slot * p.page_size) / kBlockN;
+      int const next = i + 1 < blk.num_tiles ? page_of(slot_of(blk.tile_of(i + 1))) : 0;
+      Tensor gK = local_tile(mK(_, _, blk.h_kv, page), tile_kv, make_coord(in_page, 0));  // (kBlockN, D)
+      Tensor gV = local_tile(mV(_, _, blk.h_kv, page), tile_kv, make_coord(in_page, 0));
+      smem.k_ring.producer_acquire(i);
+      copy(params.tma_k.with(smem.k_ring.producer_expect(i, T::kTmaBytes)), group_modes<0, 3>(tma_k.partition_S(gK)),
+           tKsK(_, stage));
+      smem.v_ring.producer_acquire(i);
+      copy(params.tma_v.with(smem.v_ring.producer_expect(i, T::kTmaBytes)), group_modes<0, 3>(tma_v.partition_S(gV)),
+           tVsV(_, stage));
+      page = next;
+    } else {
+      int const rows = blk.seq.seqlen_k - n * kBlockN - load_row;
+      smem.k_ring.producer_acquire(i);
+      blk.template load_kv<true, Element, 1>(p, false, gmem_load, tKgK, tKsK_cp(_, _, _, stage), tKVcKV, n, rows,
+                                             p.head_dim - load_col, load_row, load_col);
+      smem.v_ring.producer_acquire(i);
+      blk.template load_kv<true, Element, 1>(p, true, gmem_load, tKgK, tVsV_cp(_, _, _, stage), tKVcKV, n, rows,
+                                             p.head_dim_v - load_col, load_row, load_col);
+      cp_async_wait<0>();
+      cutlass::arch::fence_view_async_shared();
+      named_sync(kProducersBarrier, T::kProducerThreads);
+      if (ptid == 0) {
+        smem.k_ring.producer_arrive(i);
+        smem.v_ring.producer_arrive(i);
+        if (i + 1 < blk.num_tiles) page = page_of(slot_of(blk.tile_of(i + 1)));
+      }
+    }
+  }
+}
+
 // Producer warpgroup: K_i and V_i for every visible tile i, in the consumers' order, each into its ring's stage:
 // one thread issuing TMA copies, or all of them issuing cp.async.
-// kDecode (the decode instantiation): K and V may be in pages (p.page_table), then loaded with cp.async row by row.
+// kDecode (the decode instantiation): K and V may be in pages (p.page_table), then loaded by fwd_load_pages where
+// TMA serves them, else with cp.async row by row.
 template <class T, bool kDecode>
 CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
                           typename T::SharedStorage& smem, int ptid) {
@@ -51,7 +135,10 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
-  if (params.use_tma) {  // never for paged K/V (run_fwd)
+  if constexpr (kDecode) {
+    if (params.use_tma && p.page_table) return fwd_load_pages(params, blk, smem, ptid);
+  }
+  if (params.use_tma) {
     if (ptid != 0) return;
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));

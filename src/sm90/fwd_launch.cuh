@@ -25,10 +25,14 @@ auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch
 
 // TMA needs every stride below 2^40 bytes, and no dimension of more than one element at stride 0 (an expanded
 // view: the API lets inputs repeat along batch, heads or rows). Elsewhere, and for varlen batches (whose rows past
-// a sequence belong to the next one, not zeros), the producer uses cp.async.
-inline bool tma_strides_fit(FwdKernelParams const& p) {
+// a sequence belong to the next one, not zeros), the producer uses cp.async. Paged K/V: the (pages, page rows,
+// heads) dimensions, and key tiles that never straddle two pages (page_size a multiple of kBlockN, or one page
+// holding every key).
+inline bool tma_strides_fit(FwdKernelParams const& p, int block_n) {
   int64_t const limit = (int64_t(1) << 39) / 2;  // elements of 2 bytes, with a factor 2 to spare
-  int64_t const sizes[3] = {p.batch, p.seqlen_k, p.nheads_kv};
+  bool const paged = p.page_table != nullptr;
+  if (paged && (p.page_size < block_n || (p.page_size % block_n != 0 && p.page_size < p.seqlen_k))) return false;
+  int64_t const sizes[3] = {paged ? p.num_pages : p.batch, paged ? p.page_size : p.seqlen_k, p.nheads_kv};
   int64_t const strides[2][3] = {{p.k_batch_stride, p.k_row_stride, p.k_head_stride},
                                  {p.v_batch_stride, p.v_row_stride, p.v_head_stride}};
   for (auto const& t : strides)
@@ -45,12 +49,14 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};
   params.p = p;
-  params.use_tma = !p.seq_spans && !p.page_table && p.seqlen_k > 0 && tma_strides_fit(p);
-  if (params.use_tma) {
-    params.tma_k = make_kv_tma<T>(p.k, p.seqlen_k, p.head_dim, p.nheads_kv, p.batch, p.k_row_stride,
-                                  p.k_head_stride, p.k_batch_stride);
-    params.tma_v = make_kv_tma<T>(p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride,
-                                  p.v_head_stride, p.v_batch_stride);
+  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_strides_fit(p, T::kBlockN);
+  if (params.use_tma) {  // K and V as (rows, head_dim, heads, batch), or (page rows, head_dim, heads, pages)
+    int const rows = p.page_table ? p.page_size : p.seqlen_k;
+    int const outer = p.page_table ? p.num_pages : p.batch;
+    params.tma_k = make_kv_tma<T>(p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride,
+                                  p.k_batch_stride);
+    params.tma_v = make_kv_tma<T>(p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride,
+                                  p.v_batch_stride);
   }
   dim3 const grid = FwdTileScheduler<T::kBlockM>::grid(p);
   kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(params);

@@ -8,9 +8,10 @@
 namespace flashcute::sm90 {
 
 // Tile i lives in stage i % kStages. full[s] completes once a tile's copies into stage s have landed: either every
-// producer thread's cp.async completions (one arrival per thread) or one TMA copy (one arrival that also expects
-// the copy's bytes); empty[s] once every consumer warp has finished reading it (one arrival per warp). Both flip
-// phase on each use, so the use count picks the parity.
+// producer thread's cp.async completions (one arrival per thread) or, with one producer arrival, one TMA copy (an
+// arrival that also expects the copy's bytes) or copies the producers waited for themselves; empty[s] once every
+// consumer warp has finished reading it (one arrival per warp). Both flip phase on each use, so the use count picks
+// the parity.
 template <int kStages>
 struct TileRing {
   uint64_t full[kStages];
@@ -31,6 +32,8 @@ struct TileRing {
   }
   // cp.async: the stage counts as full once every cp.async this thread issued so far has landed.
   CUTE_DEVICE void producer_commit(int i) { cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % kStages]); }
+  // One producer thread, once every producer's copies into tile i's stage have landed and are visible.
+  CUTE_DEVICE void producer_arrive(int i) { cutlass::arch::ClusterBarrier::arrive(&full[i % kStages]); }
   // TMA (one producer thread): the barrier a copy of `bytes` into tile i's stage completes.
   CUTE_DEVICE uint64_t& producer_expect(int i, uint32_t bytes) {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[i % kStages], bytes);
