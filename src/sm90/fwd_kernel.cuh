@@ -31,41 +31,45 @@ enum FwdBarrier : int {
 };
 
 // What the kernel takes: the family-neutral params and the TMA copies of K and V, which run_fwd builds on the host
-// (src/sm90/fwd_launch.cuh) where use_tma says they serve: fixed-length batches, and paged K/V whose key tiles never
-// straddle two pages (the copies then address the pages). Varlen batches and other pages load with cp.async.
+// (src/sm90/fwd_launch.cuh) where use_tma says they serve: fixed-length batches, and paged K/V whose pages hold
+// whole key tiles (tma_k, tma_v) or tile them in copies of kPageRows rows (tma_k_rows, tma_v_rows). Varlen batches
+// and other pages load with cp.async.
 template <class T>
 struct FwdParams {
   FwdKernelParams p;
   typename T::TmaKV tma_k, tma_v;
   bool use_tma;
+  typename T::TmaKVRows tma_k_rows, tma_v_rows;
 };
 
-// Paged K/V by TMA (the decode instantiation; run_fwd makes sure no key tile straddles two pages): key tile n of
-// sequence b is the rows [n * kBlockN - slot * page_size, + kBlockN) of page page_table[b][slot], slot = n * kBlockN /
-// page_size, one TMA copy each for K and V from producer thread 0, which reads the next tile's page entry before
-// waiting for this one's stage. The copies address the (page_size, D, heads, pages) view, so rows past a page arrive
-// as zeros, but rows past seqlen_k inside one would arrive as whatever the cache holds there: the tile holding the
-// last key, when partial (at most one, and general, so the first visited), is gathered with cp.async by every
-// producer thread instead, zeros past the sequence, and signalled by one arrival once every copy has landed.
+// Paged K/V by TMA (the decode instantiation), from the (page_size, D, heads, pages) view, so that rows past a page
+// arrive as zeros. Pages of at least a key tile (run_fwd makes sure none straddles two): key tile n of sequence b
+// is the rows [n * kBlockN - slot * page_size, + kBlockN) of page page_table[b][slot], slot = n * kBlockN /
+// page_size, one copy each for K and V from producer thread 0. Shorter pages: lane c of the producer's first warp
+// copies the tile's rows [c * kPageRows, + kPageRows), which lie in one page, and thread 0 expects the whole tile's
+// bytes. Each issuing lane reads its next page entry before waiting for this tile's stage. Rows past seqlen_k inside
+// a page would arrive as whatever the cache holds there: the tile holding the last key, when partial (at most one,
+// and general, so the first visited), is gathered with cp.async by every producer thread instead, zeros past the
+// sequence, and signalled by one arrival once every copy has landed.
 template <class T>
 CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
                                 typename T::SharedStorage& smem, int ptid) {
   using Element = typename T::Element;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kPageRows = T::kPageRows;
   FwdKernelParams const& p = params.p;
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  auto tile_rows = Shape<Int<kPageRows>, Int<kHeadDim>>{};
+  auto view = [&](int d) { return make_shape(p.page_size, d, p.nheads_kv, p.num_pages); };
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
-  Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.page_size, p.head_dim, p.nheads_kv, p.num_pages));
-  Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.page_size, p.head_dim_v, p.nheads_kv, p.num_pages));
-  auto tma_k = params.tma_k.get_slice(_0{});
-  auto tma_v = params.tma_v.get_slice(_0{});
-  Tensor tKsK = group_modes<0, 3>(tma_k.partition_D(sK));  // (TMA, stage)
-  Tensor tVsV = group_modes<0, 3>(tma_v.partition_D(sV));
+  bool const rows_mode = p.page_size < kBlockN;
   int const* const table = p.page_table + blk.b * p.page_table_batch_stride;
+  int const row_off = rows_mode ? ptid * kPageRows : 0;  // this lane's first row in a tile
+  bool const issuer = ptid < (rows_mode ? kBlockN / kPageRows : 1);
   auto slot_of = [&](int n) {
-    unsigned const j = unsigned(n * kBlockN);
+    unsigned const j = unsigned(n * kBlockN + row_off);
     return int((__umulhi(j, p.page_magic) + j) >> p.page_shift);
   };
   auto page_of = [&](int slot) { return min(max(table[slot], 0), p.num_pages - 1); };
@@ -82,24 +86,48 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
   int load_row, load_col;
   copy_base(load_thr, tile_kv, load_row, load_col);
 
-  int page = ptid == 0 && blk.num_tiles > 0 ? page_of(slot_of(blk.tile_of(0))) : 0;
+  auto next_page = [&](int i) { return issuer && i < blk.num_tiles ? page_of(slot_of(blk.tile_of(i))) : 0; };
+  int page = next_page(0);
 #pragma unroll 1
   for (int i = 0; i < blk.num_tiles; ++i) {
     int const n = blk.tile_of(i);
     int const stage = i % T::kStages;
     if (n < full_tiles) {
-      if (ptid != 0) continue;
-      int const slot = slot_of(n);
-      int const in_page = (n * kBlockN - slot * p.page_size) / kBlockN;
-      int const next = i + 1 < blk.num_tiles ? page_of(slot_of(blk.tile_of(i + 1))) : 0;
-      Tensor gK = local_tile(mK(_, _, blk.h_kv, page), tile_kv, make_coord(in_page, 0));  // (kBlockN, D)
-      Tensor gV = local_tile(mV(_, _, blk.h_kv, page), tile_kv, make_coord(in_page, 0));
+      if (!issuer) continue;
+      int const row = n * kBlockN + row_off - slot_of(n) * p.page_size;  // in the page
+      int const next = next_page(i + 1);
       smem.k_ring.producer_acquire(i);
-      copy(params.tma_k.with(smem.k_ring.producer_expect(i, T::kTmaBytes)), group_modes<0, 3>(tma_k.partition_S(gK)),
-           tKsK(_, stage));
+      if (ptid == 0) smem.k_ring.producer_expect(i, T::kTmaBytes);
+      if (rows_mode) {
+        auto tma_k = params.tma_k_rows.get_slice(_0{});
+        Tensor mK = params.tma_k_rows.get_tma_tensor(view(p.head_dim));
+        Tensor gK = local_tile(mK(_, _, blk.h_kv, page), tile_rows, make_coord(row / kPageRows, 0));
+        Tensor sKr = local_tile(sK(_, _, stage), tile_rows, make_coord(ptid, 0));
+        copy(params.tma_k_rows.with(smem.k_ring.producer_barrier(i)), group_modes<0, 3>(tma_k.partition_S(gK)),
+             group_modes<0, 3>(tma_k.partition_D(sKr)));
+      } else {
+        auto tma_k = params.tma_k.get_slice(_0{});
+        Tensor mK = params.tma_k.get_tma_tensor(view(p.head_dim));
+        Tensor gK = local_tile(mK(_, _, blk.h_kv, page), tile_kv, make_coord(row / kBlockN, 0));
+        copy(params.tma_k.with(smem.k_ring.producer_barrier(i)), group_modes<0, 3>(tma_k.partition_S(gK)),
+             group_modes<0, 3>(tma_k.partition_D(sK(_, _, stage))));
+      }
       smem.v_ring.producer_acquire(i);
-      copy(params.tma_v.with(smem.v_ring.producer_expect(i, T::kTmaBytes)), group_modes<0, 3>(tma_v.partition_S(gV)),
-           tVsV(_, stage));
+      if (ptid == 0) smem.v_ring.producer_expect(i, T::kTmaBytes);
+      if (rows_mode) {
+        auto tma_v = params.tma_v_rows.get_slice(_0{});
+        Tensor mV = params.tma_v_rows.get_tma_tensor(view(p.head_dim_v));
+        Tensor gV = local_tile(mV(_, _, blk.h_kv, page), tile_rows, make_coord(row / kPageRows, 0));
+        Tensor sVr = local_tile(sV(_, _, stage), tile_rows, make_coord(ptid, 0));
+        copy(params.tma_v_rows.with(smem.v_ring.producer_barrier(i)), group_modes<0, 3>(tma_v.partition_S(gV)),
+             group_modes<0, 3>(tma_v.partition_D(sVr)));
+      } else {
+        auto tma_v = params.tma_v.get_slice(_0{});
+        Tensor mV = params.tma_v.get_tma_tensor(view(p.head_dim_v));
+        Tensor gV = local_tile(mV(_, _, blk.h_kv, page), tile_kv, make_coord(row / kBlockN, 0));
+        copy(params.tma_v.with(smem.v_ring.producer_barrier(i)), group_modes<0, 3>(tma_v.partition_S(gV)),
+             group_modes<0, 3>(tma_v.partition_D(sV(_, _, stage))));
+      }
       page = next;
     } else {
       int const rows = blk.seq.seqlen_k - n * kBlockN - load_row;
@@ -115,8 +143,8 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
       if (ptid == 0) {
         smem.k_ring.producer_arrive(i);
         smem.v_ring.producer_arrive(i);
-        if (i + 1 < blk.num_tiles) page = page_of(slot_of(blk.tile_of(i + 1)));
       }
+      page = next_page(i + 1);
     }
   }
 }

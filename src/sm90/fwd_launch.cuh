@@ -11,7 +11,8 @@ namespace flashcute::sm90 {
 
 // The TMA copy of a (seqlen, head_dim, heads, batch) tensor. The API guarantees 16-byte aligned rows; a stride of 0
 // (only on a dimension of size 1 here, see tma_strides_fit) becomes 16 bytes, which TMA accepts.
-template <class T>
+template <class T, class SmemLayout = decltype(take<0, 2>(typename T::SmemLayoutKV{})),
+          int kRows = T::kBlockN>
 auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch, int64_t row_stride,
                  int64_t head_stride, int64_t batch_stride) {
   using Element = typename T::Element;
@@ -19,19 +20,22 @@ auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch
   Tensor t = make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
                          make_shape(seqlen, head_dim, heads, batch),
                          make_stride(nonzero(row_stride), _1{}, nonzero(head_stride), nonzero(batch_stride)));
-  return make_tma_copy(SM90_TMA_LOAD{}, t, take<0, 2>(typename T::SmemLayoutKV{}),
-                       Shape<Int<T::kBlockN>, Int<T::kHeadDim>>{}, _1{});
+  return make_tma_copy(SM90_TMA_LOAD{}, t, SmemLayout{}, Shape<Int<kRows>, Int<T::kHeadDim>>{}, _1{});
 }
 
 // TMA needs every stride below 2^40 bytes, and no dimension of more than one element at stride 0 (an expanded
 // view: the API lets inputs repeat along batch, heads or rows). Elsewhere, and for varlen batches (whose rows past
 // a sequence belong to the next one, not zeros), the producer uses cp.async. Paged K/V: the (pages, page rows,
-// heads) dimensions, and key tiles that never straddle two pages (page_size a multiple of kBlockN, or one page
-// holding every key).
-inline bool tma_strides_fit(FwdKernelParams const& p, int block_n) {
+// heads) dimensions, and either key tiles that never straddle two pages (page_size a multiple of block_n, or one
+// page holding every key) or pages that tile a key tile in copies of page_rows rows.
+inline bool tma_strides_fit(FwdKernelParams const& p, int block_n, int page_rows) {
   int64_t const limit = (int64_t(1) << 39) / 2;  // elements of 2 bytes, with a factor 2 to spare
   bool const paged = p.page_table != nullptr;
-  if (paged && (p.page_size < block_n || (p.page_size % block_n != 0 && p.page_size < p.seqlen_k))) return false;
+  if (paged) {
+    bool const tile_in_page = p.page_size >= block_n && (p.page_size % block_n == 0 || p.page_size >= p.seqlen_k);
+    bool const pages_in_tile = p.page_size < block_n && block_n % p.page_size == 0 && p.page_size % page_rows == 0;
+    if (!tile_in_page && !pages_in_tile) return false;
+  }
   int64_t const sizes[3] = {paged ? p.num_pages : p.batch, paged ? p.page_size : p.seqlen_k, p.nheads_kv};
   int64_t const strides[2][3] = {{p.k_batch_stride, p.k_row_stride, p.k_head_stride},
                                  {p.v_batch_stride, p.v_row_stride, p.v_head_stride}};
@@ -49,8 +53,14 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};
   params.p = p;
-  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_strides_fit(p, T::kBlockN);
-  if (params.use_tma) {  // K and V as (rows, head_dim, heads, batch), or (page rows, head_dim, heads, pages)
+  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_strides_fit(p, T::kBlockN, T::kPageRows);
+  if (params.use_tma && p.page_table && p.page_size < T::kBlockN) {  // (page rows, head_dim, heads, pages)
+    using Rows = typename T::SmemLayoutKVRows;
+    params.tma_k_rows = make_kv_tma<T, Rows, T::kPageRows>(p.k, p.page_size, p.head_dim, p.nheads_kv, p.num_pages,
+                                                           p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+    params.tma_v_rows = make_kv_tma<T, Rows, T::kPageRows>(p.v, p.page_size, p.head_dim_v, p.nheads_kv, p.num_pages,
+                                                           p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  } else if (params.use_tma) {  // K and V as (rows, head_dim, heads, batch), or (page rows, head_dim, heads, pages)
     int const rows = p.page_table ? p.page_size : p.seqlen_k;
     int const outer = p.page_table ? p.num_pages : p.batch;
     params.tma_k = make_kv_tma<T>(p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride,

@@ -70,6 +70,16 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
       take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   static constexpr uint32_t kTmaBytes = kBlockN * kHeadDim * sizeof(Element);
+  // Paged K/V with pages shorter than a key tile (page_size a multiple of kPageRows dividing kBlockN): one copy of
+  // kPageRows rows per lane of the producer's first warp, into those rows of the stage.
+  static constexpr int kPageRows = 16;
+  using SmemLayoutKVRows = decltype(composition(take<0, 2>(SmemLayoutKV{}),
+                                                make_layout(Shape<Int<kPageRows>, Int<kHeadDim>>{},
+                                                            make_stride(_1{}, Int<kBlockN>{}))));
+  using TmaKVRows = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
+      SmemLayoutKVRows{}, Shape<Int<kPageRows>, Int<kHeadDim>>{}, _1{}));
+  static_assert(kBlockN % kPageRows == 0 && kBlockN / kPageRows <= 32);
 
   struct SharedStorage {
     // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).

@@ -34,6 +34,8 @@ struct TileRing {
   CUTE_DEVICE void producer_commit(int i) { cutlass::arch::cpasync_barrier_arrive_noinc(&full[i % kStages]); }
   // One producer thread, once every producer's copies into tile i's stage have landed and are visible.
   CUTE_DEVICE void producer_arrive(int i) { cutlass::arch::ClusterBarrier::arrive(&full[i % kStages]); }
+  // TMA: the barrier a copy into tile i's stage completes (copies beside the one producer_expect counted).
+  CUTE_DEVICE uint64_t& producer_barrier(int i) { return full[i % kStages]; }
   // TMA (one producer thread): the barrier a copy of `bytes` into tile i's stage completes.
   CUTE_DEVICE uint64_t& producer_expect(int i, uint32_t bytes) {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[i % kStages], bytes);
