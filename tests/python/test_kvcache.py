@@ -178,16 +178,17 @@ def test_decode_split_and_packed_gqa(num_splits, with_sink):
 def test_split_and_pack_choices():
     """decode.py's choices: a given num_splits kept within the C API's limits (256, and 65535 CTAs along the batch);
     0 means unsplit on the CPU; GQA packing with every mask (the kernels see the packed rows' query rows) but not
-    with a sink."""
+    with a sink, and only for few query rows."""
     from flashcute import decode
     cpu = torch.device("cpu")
     assert decode.choose_splits(3, 2, 8, 4, 4096, cpu) == 3
     assert decode.choose_splits(1000, 2, 8, 4, 4096, cpu) == 256
     assert decode.choose_splits(200, 1000, 8, 4, 4096, cpu) == 65
     assert decode.choose_splits(0, 1, 8, 4, 1 << 17, cpu) == 1
-    assert decode.packs(None, 4)
-    assert not decode.packs(torch.zeros(8), 4)  # one sink logit per query head
-    assert not decode.packs(None, 1)
+    assert decode.packs(None, 4, 1) and decode.packs(None, 4, 64)
+    assert not decode.packs(torch.zeros(8), 4, 1)  # one sink logit per query head
+    assert not decode.packs(None, 1, 1)
+    assert not decode.packs(None, 4, 128) and not decode.packs(None, 4, 8192)  # prefill: the tiles are full anyway
 
 
 def test_decode_split_in_bf16_keeps_the_error_rule():
