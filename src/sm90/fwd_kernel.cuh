@@ -1,11 +1,11 @@
-// Hopper forward, warp-specialised: one CTA owns a kBlockM tile of queries of one head. A producer warpgroup
-// copies the visible K/V tiles into a ring of shared-memory stages (TMA for fixed-length batches, cp.async for varlen
-// and expanded views; zeros past the sequence and the head dim either way) and signals each stage through an
-// mbarrier; one consumer warpgroup per 64 query rows computes. The consumers overlap their own softmax with their
-// P.V MMA (S_{i} = Q K_i^T and O += P_{i-1} V_{i-1} are issued back to back, the softmax of S_i runs while
+// Hopper forward, warp-specialised: one CTA owns a kBlockM tile of queries of one head. A producer warpgroup copies the
+// visible K/V tiles into a ring of shared-memory stages (TMA for fixed-length batches and most paged caches, cp.async
+// for varlen, expanded views and other pages; zeros past the sequence and the head dim either way) and signals each
+// stage through an mbarrier; one consumer warpgroup per 64 query rows computes. The consumers overlap their own softmax
+// with their P.V MMA (S_{i} = Q K_i^T and O += P_{i-1} V_{i-1} are issued back to back, the softmax of S_i runs while
 // P_{i-1} V_{i-1} is in flight) and, at head dims up to 128, take turns issuing MMAs (named barriers), so one
-// warpgroup's softmax runs under the other's MMAs. Masking, softmax, tile order, the scheduler and
-// the lse store are shared with the portable family (src/common/).
+// warpgroup's softmax runs under the other's MMAs. Masking, softmax, tile order, the scheduler and the lse store are
+// shared with the portable family (src/common/).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -86,8 +86,29 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
   int load_row, load_col;
   copy_base(load_thr, tile_kv, load_row, load_col);
 
-  auto next_page = [&](int i) { return issuer && i < blk.num_tiles ? page_of(slot_of(blk.tile_of(i))) : 0; };
-  int page = next_page(0);
+  // Tile i (stage, its first row in the page) of K or V from page `page`: one copy of the tile, or of this lane's
+  // kPageRows rows (rows_mode); thread 0 expects the tile's bytes.
+  int page;
+  auto load_tile = [&](auto& ring, auto const& tma, auto const& tma_rows, auto& sX, int d, int i, int stage, int row) {
+    auto copy_rows = [&](auto const& copy_op, auto tile, int t, auto&& dst) {
+      Tensor g = local_tile(copy_op.get_tma_tensor(view(d))(_, _, blk.h_kv, page), tile, make_coord(t, 0));
+      auto thr = copy_op.get_slice(_0{});
+      copy(copy_op.with(ring.producer_barrier(i)), group_modes<0, 3>(thr.partition_S(g)),
+           group_modes<0, 3>(thr.partition_D(dst)));
+    };
+    ring.producer_acquire(i);
+    if (ptid == 0) ring.producer_expect(i, T::kTmaBytes);
+    if (rows_mode) {
+      copy_rows(tma_rows, tile_rows, row / kPageRows, local_tile(sX(_, _, stage), tile_rows, make_coord(ptid, 0)));
+    } else {
+      copy_rows(tma, tile_kv, row / kBlockN, sX(_, _, stage));
+    }
+  };
+  // Entries of full tiles only: a lane's rows of the partial tile may lie past the sequence's last page entry.
+  auto next_page = [&](int i) {
+    return issuer && i < blk.num_tiles && blk.tile_of(i) < full_tiles ? page_of(slot_of(blk.tile_of(i))) : 0;
+  };
+  page = next_page(0);
 #pragma unroll 1
   for (int i = 0; i < blk.num_tiles; ++i) {
     int const n = blk.tile_of(i);
@@ -96,38 +117,8 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
       if (!issuer) continue;
       int const row = n * kBlockN + row_off - slot_of(n) * p.page_size;  // in the page
       int const next = next_page(i + 1);
-      smem.k_ring.producer_acquire(i);
-      if (ptid == 0) smem.k_ring.producer_expect(i, T::kTmaBytes);
-      if (rows_mode) {
-        auto tma_k = params.tma_k_rows.get_slice(_0{});
-        Tensor mK = params.tma_k_rows.get_tma_tensor(view(p.head_dim));
-        Tensor gK = local_tile(mK(_, _, blk.h_kv, page), tile_rows, make_coord(row / kPageRows, 0));
-        Tensor sKr = local_tile(sK(_, _, stage), tile_rows, make_coord(ptid, 0));
-        copy(params.tma_k_rows.with(smem.k_ring.producer_barrier(i)), group_modes<0, 3>(tma_k.partition_S(gK)),
-             group_modes<0, 3>(tma_k.partition_D(sKr)));
-      } else {
-        auto tma_k = params.tma_k.get_slice(_0{});
-        Tensor mK = params.tma_k.get_tma_tensor(view(p.head_dim));
-        Tensor gK = local_tile(mK(_, _, blk.h_kv, page), tile_kv, make_coord(row / kBlockN, 0));
-        copy(params.tma_k.with(smem.k_ring.producer_barrier(i)), group_modes<0, 3>(tma_k.partition_S(gK)),
-             group_modes<0, 3>(tma_k.partition_D(sK(_, _, stage))));
-      }
-      smem.v_ring.producer_acquire(i);
-      if (ptid == 0) smem.v_ring.producer_expect(i, T::kTmaBytes);
-      if (rows_mode) {
-        auto tma_v = params.tma_v_rows.get_slice(_0{});
-        Tensor mV = params.tma_v_rows.get_tma_tensor(view(p.head_dim_v));
-        Tensor gV = local_tile(mV(_, _, blk.h_kv, page), tile_rows, make_coord(row / kPageRows, 0));
-        Tensor sVr = local_tile(sV(_, _, stage), tile_rows, make_coord(ptid, 0));
-        copy(params.tma_v_rows.with(smem.v_ring.producer_barrier(i)), group_modes<0, 3>(tma_v.partition_S(gV)),
-             group_modes<0, 3>(tma_v.partition_D(sVr)));
-      } else {
-        auto tma_v = params.tma_v.get_slice(_0{});
-        Tensor mV = params.tma_v.get_tma_tensor(view(p.head_dim_v));
-        Tensor gV = local_tile(mV(_, _, blk.h_kv, page), tile_kv, make_coord(row / kBlockN, 0));
-        copy(params.tma_v.with(smem.v_ring.producer_barrier(i)), group_modes<0, 3>(tma_v.partition_S(gV)),
-             group_modes<0, 3>(tma_v.partition_D(sV(_, _, stage))));
-      }
+      load_tile(smem.k_ring, params.tma_k, params.tma_k_rows, sK, p.head_dim, i, stage, row);
+      load_tile(smem.v_ring, params.tma_v, params.tma_v_rows, sV, p.head_dim_v, i, stage, row);
       page = next;
     } else {
       int const rows = blk.seq.seqlen_k - n * kBlockN - load_row;
