@@ -74,8 +74,8 @@ BWD_SM80 = [
 ]
 
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares), warp-specialised: one consumer
-# warpgroup per 64 query rows plus a producer warpgroup (warps counts the consumers; TMA for fixed-length batches,
-# cp.async for varlen), two K/V stages. block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192, hd128 n160/n176,
+# warpgroup per 64 query rows plus a producer warpgroup (warps counts the consumers; TMA for fixed-length batches
+# and most paged caches, cp.async for varlen), two K/V stages. block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192, hd128 n160/n176,
 # hd192 n112, hd256 n80) were 2-20% slower at 16k except hd64 n192 (+5% at 16k, -7% at 1k), and n176 / n80 spill
 # (bench/RESULTS.md, eighth session, run 3).
 # H200, bf16, 16k tokens (bench/RESULTS.md, eighth session, run 10): ÷ FA4 hd64 0.73-0.86, hd128 0.68-0.88, hd256
