@@ -9,10 +9,10 @@
 
 namespace flashcute::sm90 {
 
-// The TMA copy of a (seqlen, head_dim, heads, batch) tensor. The API guarantees 16-byte aligned rows; a stride of 0
-// (only on a dimension of size 1 here, see tma_strides_fit) becomes 16 bytes, which TMA accepts.
-template <class T, class SmemLayout = decltype(take<0, 2>(typename T::SmemLayoutKV{})),
-          int kRows = T::kBlockN>
+// The TMA copy of a (seqlen, head_dim, heads, batch) tensor, kRows rows at a time into SmemLayout (a whole K/V
+// stage by default). The API guarantees 16-byte aligned rows; a stride of 0 (only on a dimension of size 1 here, see
+// tma_serves) becomes 16 bytes, which TMA accepts.
+template <class T, class SmemLayout = decltype(take<0, 2>(typename T::SmemLayoutKV{})), int kRows = T::kBlockN>
 auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch, int64_t row_stride,
                  int64_t head_stride, int64_t batch_stride) {
   using Element = typename T::Element;
@@ -28,7 +28,7 @@ auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch
 // a sequence belong to the next one, not zeros), the producer uses cp.async. Paged K/V: the (pages, page rows,
 // heads) dimensions, and either key tiles that never straddle two pages (page_size a multiple of block_n, or one
 // page holding every key) or pages that tile a key tile in copies of page_rows rows.
-inline bool tma_strides_fit(FwdKernelParams const& p, int block_n, int page_rows) {
+inline bool tma_serves(FwdKernelParams const& p, int block_n, int page_rows) {
   int64_t const limit = (int64_t(1) << 39) / 2;  // elements of 2 bytes, with a factor 2 to spare
   bool const paged = p.page_table != nullptr;
   if (paged) {
@@ -53,7 +53,7 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};
   params.p = p;
-  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_strides_fit(p, T::kBlockN, T::kPageRows);
+  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_serves(p, T::kBlockN, T::kPageRows);
   if (params.use_tma && p.page_table && p.page_size < T::kBlockN) {  // (page rows, head_dim, heads, pages)
     using Rows = typename T::SmemLayoutKVRows;
     params.tma_k_rows = make_kv_tma<T, Rows, T::kPageRows>(p.k, p.page_size, p.head_dim, p.nheads_kv, p.num_pages,
