@@ -215,51 +215,28 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   cp_async_wait<0>();
 }
 
-// kDecode: the decode instantiation (paged K/V, split-KV: see the portable kernel), so that the other keeps its
-// registers.
-template <class T, bool kDecode>
-__global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
-#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+// Consumer warpgroups' mainloop: Q into shared memory, then S_i = Q K_i^T and O += P_i V_i over every visible tile
+// with the online softmax. acc_o ends as the tile's unnormalised O, softmax with its rows' statistics.
+template <class T, bool kDecode, class AccO, class Softmax>
+CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
+                         typename T::SharedStorage& smem, int tid, AccO& acc_o, Softmax& softmax) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
   constexpr int kConsumerThreads = T::kConsumerThreads;
   constexpr int kConsumerGroups = kConsumerThreads / 128;
-
-  extern __shared__ __align__(1024) char smem_raw[];
-  auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
-  int const tid = threadIdx.x;
+  constexpr int kRows = decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value;
   FwdKernelParams const& p = params.p;
-
-  FwdBlock<kBlockM, kBlockN> blk;
-  if (!blk.template init<kDecode>(p)) return;
-  blk.plan_tiles(p);
-  if (tid == 0) {
-    int const producers = params.use_tma ? 1 : T::kProducerThreads;
-    smem.k_ring.init(producers, kConsumerThreads / 32);
-    smem.v_ring.init(producers, kConsumerThreads / 32);
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();  // the last CTA-wide barrier: the roles part here
-
-  if (tid >= kConsumerThreads) {
-    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    fwd_load<T, kDecode>(params, blk, smem, tid - kConsumerThreads);
-    return;
-  }
-  cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
-
   SeqInfo const& seq = blk.seq;
   Mask const& mask = blk.mask;
-  int const b = blk.b, h = blk.h, m0 = blk.m0;
+  int const m0 = blk.m0;
   int const group = tid / 128;
   int const num_general = blk.num_general, num_tiles = blk.num_tiles;
   auto tile_of = [&](int i) { return blk.tile_of(i); };
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto tile_s = Shape<Int<kBlockM>, Int<kBlockN>>{};
-  Element* o_ptr = blk.template out<Element>(p);
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});   // (kBlockN, D, stage)
   Tensor sVt = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutVt{});  // (D, kBlockN, stage)
@@ -271,11 +248,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ));    // GMMA descriptors (MMA, MMA_M, MMA_D)
   Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK));    // (MMA, MMA_N, MMA_D, stage)
   Tensor tOrVt = thr_o.make_fragment_B(thr_o.partition_B(sVt));  // (MMA, MMA_D, MMA_N, stage)
-  Tensor acc_o = partition_fragment_C(mma_o, tile_q);            // (MMA, MMA_M, MMA_D)
   clear(acc_o);
-
-  constexpr int kRows = decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value;
-  OnlineSoftmax<kRows> softmax;
 
   if (num_tiles > 0) {  // Q, by the consumers, while the producer starts on K and V
     Tensor mQ = make_tensor(make_gmem_ptr(blk.template q<Element>(p)), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
@@ -366,6 +339,24 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     warpgroup_wait_for<0>(acc_o, rP);
     smem.v_ring.consumer_release(last);
   }
+}
+
+// Consumer warpgroups' epilogue: O normalised (through shared memory, all of it free by now) into out, or as
+// float32 partials for the combine kernel (split-KV); the rows' lse.
+template <class T, bool kDecode, class AccO, class Softmax>
+CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
+                              char* smem_raw, int tid, typename T::Element* o_ptr, AccO& acc_o, Softmax& softmax) {
+  using Element = typename T::Element;
+  constexpr int kBlockM = T::kBlockM;
+  constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kConsumerThreads = T::kConsumerThreads;
+  constexpr int kRows = decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value;
+  FwdKernelParams const& p = params.p;
+  SeqInfo const& seq = blk.seq;
+  int const b = blk.b, h = blk.h, m0 = blk.m0;
+  auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
+  typename T::TiledMmaO mma_o;
+  auto thr_o = mma_o.get_thread_slice(tid);
 
   float inv[kRows], lse[kRows];
   bool const split = kDecode && p.num_splits > 1;  // split-KV: float32 partials, the sink joining in the combine
@@ -426,6 +417,47 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   }
 
   store_lse(p, thr_o, tile_q, seq, b, h, m0, lse);
+}
+
+// The kernel: the block and its tile plan, the rings, then the roles: the producer warpgroup runs fwd_load, the
+// consumers fwd_mma and fwd_epilogue. kDecode: the decode instantiation (paged K/V, split-KV: see the portable
+// kernel), so that the other keeps its registers.
+template <class T, bool kDecode>
+__global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  constexpr int kBlockM = T::kBlockM;
+  constexpr int kBlockN = T::kBlockN;
+  constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kConsumerThreads = T::kConsumerThreads;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  int const tid = threadIdx.x;
+  FwdKernelParams const& p = params.p;
+
+  FwdBlock<kBlockM, kBlockN> blk;
+  if (!blk.template init<kDecode>(p)) return;
+  blk.plan_tiles(p);
+  if (tid == 0) {
+    int const producers = params.use_tma ? 1 : T::kProducerThreads;
+    smem.k_ring.init(producers, kConsumerThreads / 32);
+    smem.v_ring.init(producers, kConsumerThreads / 32);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the roles part here
+
+  if (tid >= kConsumerThreads) {
+    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
+    fwd_load<T, kDecode>(params, blk, smem, tid - kConsumerThreads);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
+
+  auto* const o_ptr = blk.template out<typename T::Element>(p);
+  Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // O
+  OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;
+  fwd_mma<T, kDecode>(params, blk, smem, tid, acc_o, softmax);
+  fwd_epilogue<T, kDecode>(params, blk, smem_raw, tid, o_ptr, acc_o, softmax);
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
 #endif
