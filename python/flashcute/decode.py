@@ -20,7 +20,7 @@ def packs(learnable_sink, group, seqlen_q):
     """Whether the query heads of a K/V head share one tile (see the module docstring): where packed rows fill the
     128-row query tiles clearly better than each head's own rows do (decode). Where both fill them, packing only
     multiplies the CTAs by the group and costs the copies of q and out: a causal prefill of 1k-8k rows (GQA 32/8,
-    hd128, H200) ran 1.03-2.0x slower packed (bench/RESULTS.md, sixteenth session, run 2)."""
+    hd128, H200) ran 1.03-2.0x slower packed (bench/RESULTS.md, fifteenth session, run 2)."""
     def filled(rows):
         return rows / (-(-rows // 128) * 128)
     return group > 1 and learnable_sink is None and filled(seqlen_q) < 0.9 * filled(seqlen_q * group)
@@ -31,7 +31,7 @@ def choose_splits(num_splits, batch, heads, rows, capacity, device):
     has about two tiles per SM (1 on the CPU, where the reference ignores splits), for decode-shaped calls only: one
     query tile per head. heads: the heads of the call (the K/V heads when packed), rows: each head's query rows.
     Prefill rows against their own cache are not split: a causal 1k prefill at batch 1 ran 2.5x slower in two
-    chunks than flash_attn_func (bench/RESULTS.md, sixteenth session, run 3)."""
+    chunks than flash_attn_func (bench/RESULTS.md, fifteenth session, run 3)."""
     if num_splits > 0:
         return min(num_splits, 256, max(1, 65535 // max(batch, 1)))
     if device.type != "cuda" or capacity < 1024 or rows > 128:
