@@ -185,6 +185,9 @@ def test_split_and_pack_choices():
     assert decode.choose_splits(1000, 2, 8, 4, 4096, cpu) == 256
     assert decode.choose_splits(200, 1000, 8, 4, 4096, cpu) == 65
     assert decode.choose_splits(0, 1, 8, 4, 1 << 17, cpu) == 1
+    # More than one query tile per head (a prefill against the cache) is never split, on any device; the rule
+    # answers before it would ask the GPU for its SM count.
+    assert decode.choose_splits(0, 1, 32, 1024, 1 << 17, torch.device("cuda")) == 1
     assert decode.packs(None, 4, 1) and decode.packs(None, 4, 64)
     assert not decode.packs(torch.zeros(8), 4, 1)  # one sink logit per query head
     assert not decode.packs(None, 1, 1)
