@@ -425,36 +425,31 @@ CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T
 template <class T, bool kDecode>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
-  constexpr int kBlockM = T::kBlockM;
-  constexpr int kBlockN = T::kBlockN;
-  constexpr int kHeadDim = T::kHeadDim;
-  constexpr int kConsumerThreads = T::kConsumerThreads;
-
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   int const tid = threadIdx.x;
   FwdKernelParams const& p = params.p;
 
-  FwdBlock<kBlockM, kBlockN> blk;
+  FwdBlock<T::kBlockM, T::kBlockN> blk;
   if (!blk.template init<kDecode>(p)) return;
   blk.plan_tiles(p);
   if (tid == 0) {
     int const producers = params.use_tma ? 1 : T::kProducerThreads;
-    smem.k_ring.init(producers, kConsumerThreads / 32);
-    smem.v_ring.init(producers, kConsumerThreads / 32);
+    smem.k_ring.init(producers, T::kConsumerThreads / 32);
+    smem.v_ring.init(producers, T::kConsumerThreads / 32);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: the roles part here
 
-  if (tid >= kConsumerThreads) {
+  if (tid >= T::kConsumerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    fwd_load<T, kDecode>(params, blk, smem, tid - kConsumerThreads);
+    fwd_load<T, kDecode>(params, blk, smem, tid - T::kConsumerThreads);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
 
   auto* const o_ptr = blk.template out<typename T::Element>(p);
-  Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // O
+  Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});  // O
   OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;
   fwd_mma<T, kDecode>(params, blk, smem, tid, acc_o, softmax);
   fwd_epilogue<T, kDecode>(params, blk, smem_raw, tid, o_ptr, acc_o, softmax);
