@@ -12,8 +12,8 @@ namespace flashcute {
 struct BwdWorkspace {
   static constexpr int kRowAlign = 128;  // every block_m/block_n of the backward divides this
   // How the CTAs add into dQ. kShared: all into one accumulator with atomics, in any order (the default mode).
-  // Deterministic mode, by config (orders_dq_by_turns, BwdTraits::kDqTurns): kTurns, the same accumulator, the CTAs of a query tile
-  // taking turns in key-tile order (common/bwd_dq_order.cuh; one int per kDqTurnRows query rows); or
+  // Deterministic mode, by config (orders_dq_by_turns, BwdTraits::kDqTurns): kTurns, the same accumulator, the CTAs
+  // of a query tile taking turns in key-tile order (common/bwd_dq_order.cuh; one int per kDqTurnRows query rows); or
   // kSlots, dq_slots CTAs per (batch, head) grid column, CTA s walking key tiles s, s + slots, ... and adding only
   // into accumulator slot s, so every slot sees its additions in one program order and no CTA ever waits for
   // another; the dQ conversion kernel sums the slots in a fixed order. choose_dq_slots() picks the count that

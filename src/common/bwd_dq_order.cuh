@@ -2,10 +2,11 @@
 // each) that add into one query tile of the float32 dQ accumulator take turns in a fixed order of their key tiles,
 // so every float receives its additions in the same order on every run, in the one accumulator the default mode
 // uses. The other deterministic scheme, a dQ slot per CTA of a column (src/api/workspace.h), costs no waiting but a
-// dQ-sized buffer per slot, which at long sequences and wide heads no longer fits in L2. On the H200 (bench/RESULTS.md,
-// fourteenth session) turns cost about 0.5-0.7 us per step whatever the head dim (most likely the GPU-scope release,
-// MEMBAR.GPU, of each warp's hand-over in every step): at hd192 and hd256 they ran at 0.75-0.92x the default mode against the
-// slots' 0.54-0.66x, at hd128 about as fast as the slots, at hd64 slower (0.66-0.84x against 0.85-0.99x).
+// dQ-sized buffer per slot, which at long sequences and wide heads no longer fits in L2. On the H200
+// (bench/RESULTS.md, fourteenth session) turns cost about 0.5-0.7 us per step whatever the head dim (most likely the
+// GPU-scope release, MEMBAR.GPU, of each warp's hand-over in every step): at hd192 and hd256 they ran at 0.75-0.92x
+// the default mode against the slots' 0.54-0.66x, at hd128 about as fast as the slots, at hd64 slower (0.66-0.84x
+// against 0.85-0.99x).
 //
 // Turns are kept per (query head, query tile, warp): a warp's dQ fragment covers the same floats in every CTA
 // (T::dq_frag_offset depends on the thread alone), so warp w waits only for warp w of the key tile before it. A

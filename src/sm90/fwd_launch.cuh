@@ -54,19 +54,21 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   FwdParams<T> params{};
   params.p = p;
   params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_serves(p, T::kBlockN, T::kPageRows);
-  if (params.use_tma && p.page_table && p.page_size < T::kBlockN) {  // (page rows, head_dim, heads, pages)
-    using Rows = typename T::SmemLayoutKVRows;
-    params.tma_k_rows = make_kv_tma<T, Rows, T::kPageRows>(p.k, p.page_size, p.head_dim, p.nheads_kv, p.num_pages,
-                                                           p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-    params.tma_v_rows = make_kv_tma<T, Rows, T::kPageRows>(p.v, p.page_size, p.head_dim_v, p.nheads_kv, p.num_pages,
-                                                           p.v_row_stride, p.v_head_stride, p.v_batch_stride);
-  } else if (params.use_tma) {  // K and V as (rows, head_dim, heads, batch), or (page rows, head_dim, heads, pages)
+  if (params.use_tma) {  // K and V as (rows, head_dim, heads, batch), or (page rows, head_dim, heads, pages)
     int const rows = p.page_table ? p.page_size : p.seqlen_k;
     int const outer = p.page_table ? p.num_pages : p.batch;
-    params.tma_k = make_kv_tma<T>(p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride,
-                                  p.k_batch_stride);
-    params.tma_v = make_kv_tma<T>(p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride,
-                                  p.v_batch_stride);
+    if (p.page_table && p.page_size < T::kBlockN) {  // pages shorter than a key tile: kPageRows rows a copy
+      using Rows = typename T::SmemLayoutKVRows;
+      params.tma_k_rows = make_kv_tma<T, Rows, T::kPageRows>(p.k, rows, p.head_dim, p.nheads_kv, outer,
+                                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+      params.tma_v_rows = make_kv_tma<T, Rows, T::kPageRows>(p.v, rows, p.head_dim_v, p.nheads_kv, outer,
+                                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+    } else {
+      params.tma_k = make_kv_tma<T>(p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride,
+                                    p.k_batch_stride);
+      params.tma_v = make_kv_tma<T>(p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride,
+                                    p.v_batch_stride);
+    }
   }
   dim3 const grid = FwdTileScheduler<T::kBlockM>::grid(p);
   kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(params);
