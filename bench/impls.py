@@ -5,6 +5,7 @@ import os
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 ARCH_ENV = "FLASHCUTE_ARCH"
+GRID_ENV = "FLASHCUTE_FWD_GRID"
 
 
 class Sdpa:
@@ -28,14 +29,16 @@ class Sdpa:
 
 class Flashcute:
     """flashcute.flash_attn_func; with an arch, FLASHCUTE_ARCH is set while it runs (the library reads it per
-    call) and the label says which, e.g. 'flashcute[sm120]'."""
+    call) and the label says which, e.g. 'flashcute[sm120]'. grid: FLASHCUTE_FWD_GRID while it runs ('tiles': the
+    Hopper forward with one CTA per tile, for an A/B against its persistent grid)."""
 
-    def __init__(self, arch=None, deterministic=False, lib=None):
+    def __init__(self, arch=None, deterministic=False, lib=None, grid=None):
         self.arch = arch
         self.deterministic = deterministic
         self.lib = lib  # (label, path): another build of the library, for A/B timing (--lib)
+        self.env = {ARCH_ENV: None if arch is None else str(arch), GRID_ENV: grid}
         shown = arch if arch is not None else os.environ.get(ARCH_ENV)
-        name = "flashcute-det" if deterministic else "flashcute"
+        name = "flashcute-det" if deterministic else f"flashcute-{grid}" if grid else "flashcute"
         if lib is not None:
             name += f"@{lib[0]}"
         self.label = f"{name}[sm{shown}]" if shown else name
@@ -51,18 +54,21 @@ class Flashcute:
             if self._handle is None:
                 self._handle = _capi.load(self.lib[1])
             _capi._lib = self._handle
-        old = os.environ.get(ARCH_ENV)
-        if self.arch is not None:
-            os.environ[ARCH_ENV] = str(self.arch)
+        old = {key: os.environ.get(key) for key in self.env}
+        for key, value in self.env.items():
+            if value is not None:
+                os.environ[key] = value
         try:
             yield
         finally:
             _capi._lib = saved_lib
-            if self.arch is not None:
-                if old is None:
-                    os.environ.pop(ARCH_ENV, None)
+            for key, value in old.items():
+                if self.env[key] is None:
+                    continue
+                if value is None:
+                    os.environ.pop(key, None)
                 else:
-                    os.environ[ARCH_ENV] = old
+                    os.environ[key] = value
 
     def forward(self, q, k, v, causal):
         if self._fn is None:
@@ -100,9 +106,10 @@ def build(impl_names, archs=(None,), libs=()):
     ((label, path) pairs); fa4 only where it imports."""
     out = []
     for name in impl_names:
-        if name in ("flashcute", "flashcute-det"):
+        if name in ("flashcute", "flashcute-det", "flashcute-tiles"):
+            grid = "tiles" if name == "flashcute-tiles" else None
             for lib in (None, *libs):
-                out += [Flashcute(a, deterministic=name == "flashcute-det", lib=lib) for a in archs]
+                out += [Flashcute(a, deterministic=name == "flashcute-det", lib=lib, grid=grid) for a in archs]
         elif name == "fa4":
             if Fa4.available():
                 out.append(Fa4())

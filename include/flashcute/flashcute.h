@@ -109,8 +109,9 @@ typedef struct flashcute_fwd_params {
      seqlen_q/k and the sequences' lengths, else an OR of flashcute_varlen_flag bits; no host synchronisation. */
   int32_t* varlen_status;
 
-  void* workspace; /* device memory of at least flashcute_fwd_workspace_size bytes (may be NULL if 0; varlen calls
-                      need some: the clamped per-sequence table) */
+  void* workspace; /* device memory of flashcute_fwd_workspace_size bytes. Varlen and split-KV calls need it (the
+                      clamped per-sequence table, the partials); the rest of it, a counter for the Hopper forward's
+                      persistent tile scheduler, a call may go without (NULL or fewer bytes: one CTA per tile) */
   size_t workspace_size;
 
   /* Optional learnable sink (GPT-OSS's attention sinks): nheads logits, one per query head, that join every row's

@@ -109,10 +109,12 @@ flashcute_status_t not_built(KernelConfig const& cfg) {
 // The varlen prepare pass's table, at the start of either direction's workspace.
 size_t span_bytes(flashcute_fwd_params const& p) { return p.cu_seqlens_q ? seq_spans_bytes(p.batch) : 0; }
 
-// The forward's workspace: the varlen table, then split-KV's float32 partials (O, then lse; kernel_params.h).
+// The forward's workspace: the varlen table, then split-KV's float32 partials (O, then lse; kernel_params.h), which
+// a call needs (`required` bytes), then the persistent grid's tile counter, which it may go without (`total`
+// bytes; the Hopper forward outside the decode instantiation, tile_scheduler.cuh).
 struct FwdWorkspace {
   int64_t partial_rows;
-  size_t o_offset, lse_offset, total;
+  size_t o_offset, lse_offset, counter_offset, required, total;
 };
 
 FwdWorkspace fwd_workspace(flashcute_fwd_params const& p) {
@@ -125,6 +127,12 @@ FwdWorkspace fwd_workspace(flashcute_fwd_params const& p) {
     w.o_offset = align(w.total);
     w.lse_offset = align(w.o_offset + slots * (size_t)p.head_dim_v * sizeof(float));
     w.total = w.lse_offset + slots * sizeof(float);
+  }
+  w.required = w.total;
+  bool const decode = p.num_splits > 1 || p.page_table || p.packed_gqa > 1;  // uses_decode_kernel, on the call
+  if (!decode) {
+    w.counter_offset = align(w.total);
+    w.total = w.counter_offset + sizeof(int);
   }
   return w;
 }
@@ -247,11 +255,13 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
       return s;
     if (auto s = check_varlen_pointers(p)) return s;
     FwdWorkspace const ws = fwd_workspace(p);
-    if (auto s = check_workspace(p.workspace, p.workspace_size, ws.total)) return s;
+    if (auto s = check_workspace(p.workspace, p.workspace_size, ws.required)) return s;
     FwdLaunchFn launch = find_fwd_launcher(cfg->name);
     if (!launch && fwd_has_work(p)) return not_built(*cfg);
     FwdKernelParams k = kernel_params(p);
     k.smem_request = smem_request;
+    if (ws.total > ws.required && p.workspace && p.workspace_size >= ws.total)
+      k.tile_counter = reinterpret_cast<int*>(static_cast<char*>(p.workspace) + ws.counter_offset);
     if (p.num_splits > 1) {
       k.num_splits = (int)p.num_splits;
       k.o_partial = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + ws.o_offset);

@@ -247,10 +247,11 @@ CUTE_DEVICE void copy_tile_bounded(TiledCopy const& copy, S const& src, D& dst, 
 }
 
 // Shared -> global copy of a whole tile through registers, with the gmem store's vectors, writing only the rows <
-// max_row and columns < max_col (epilogues: O, dK, dV, dQ).
+// max_row and columns < max_col (epilogues: O, dK, dV, dQ); `thread` indexes the copy's threads.
 template <class TiledCopy, class S, class G, class Shape>
-CUTE_DEVICE void store_tile(TiledCopy const& copy, S const& smem, G gmem, Shape shape, int max_row, int max_col) {
-  auto thr = copy.get_thread_slice(int(threadIdx.x));
+CUTE_DEVICE void store_tile(TiledCopy const& copy, S const& smem, G gmem, Shape shape, int max_row, int max_col,
+                            int thread = int(threadIdx.x)) {
+  auto thr = copy.get_thread_slice(thread);
   Tensor src = thr.partition_S(smem);
   Tensor dst = thr.partition_D(gmem);
   Tensor regs = make_fragment_like(src);

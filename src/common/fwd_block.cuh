@@ -24,12 +24,16 @@ struct FwdBlock {
   int num_top, num_general, num_tiles;
   int n_plain_lo, n_plain_hi;
 
-  // The scheduler's tile; false (and the CTA has nothing to do) past the end of a shorter varlen sequence.
-  // kDecode: the kernels' decode instantiation, which also serves paged K/V (whose sequences use their first
-  // seqused_k[b] keys when seqused_k is given) and split-KV (blockIdx.z counts (sequence, split) pairs).
+  // Tile t of the scheduler (by default this CTA's, one CTA per tile); false (and the CTA has nothing to do there)
+  // past the end of a shorter varlen sequence. kDecode: the kernels' decode instantiation, which also serves paged
+  // K/V (whose sequences use their first seqused_k[b] keys when seqused_k is given) and split-KV (the tile's b
+  // counts (sequence, split) pairs).
   template <bool kDecode = false>
   CUTE_DEVICE bool init(FwdKernelParams const& p) {
-    FwdTile const t = FwdTileScheduler<kBlockM>::tile();
+    return init<kDecode>(p, FwdTileScheduler<kBlockM>::tile());
+  }
+  template <bool kDecode = false>
+  CUTE_DEVICE bool init(FwdKernelParams const& p, FwdTile const t) {
     m_block = t.m_block;
     h = t.h;
     b = t.b;

@@ -89,6 +89,10 @@ struct FwdKernelParams {
   // Host only: dynamic shared memory the launcher requests for the mainloop kernel when more than the kernel's
   // own (FLASHCUTE_ARCH emulation pads it so the CTAs per SM match the emulated profile; arch::emulated_smem_request).
   int smem_request;
+
+  // The persistent grid's tile counter (one int in the workspace, zeroed by the launcher before each launch; the
+  // Hopper forward outside the decode instantiation): null runs one CTA per tile (common/tile_scheduler.cuh).
+  int* tile_counter;
 };
 
 // page_magic and page_shift for page_size d >= 1 (Granlund and Montgomery's unsigned division by a constant):

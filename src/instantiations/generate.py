@@ -25,8 +25,10 @@ NEEDS = {"sm80": "arch::kMmaSync | arch::kCpAsync | arch::kLdmatrix",
 def smem_bytes(family, direction, head_dim, block_m, block_n, warps):
     # Must equal sizeof(SharedStorage) of the kernel; the kernel static_asserts it.
     if direction == "fwd":
-        if family == "sm90":  # two K/V stages, then their mbarriers padded to 1 KB
-            return (block_m + 2 * 2 * block_n) * head_dim * 2 + 1024
+        if family == "sm90":  # two K/V stages, O where it fits (kOwnO), then the mbarriers padded to 1 KB
+            tiles = (block_m + 2 * 2 * block_n) * head_dim * 2 + 1024
+            o = block_m * head_dim * 2
+            return tiles + o if tiles + o <= 227 * 1024 else tiles
         return (block_m + 2 * block_n) * head_dim * 2
     if direction == "bwd" and family == "sm90":
         # Q and dO stages (two when the warpgroups split the head dim: block_n 64, more than one warpgroup; else

@@ -75,25 +75,26 @@ BWD_SM80 = [
 
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares), warp-specialised: one consumer
 # warpgroup per 64 query rows plus a producer warpgroup (warps counts the consumers; TMA for fixed-length batches
-# and most paged caches, cp.async for varlen), two K/V stages. block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192, hd128 n160/n176,
+# and most paged caches, cp.async for varlen), two K/V stages, and an O buffer where it fits (kOwnO: all but hd192,
+# hd256 and the n176 candidate). block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192, hd128 n160/n176,
 # hd192 n112, hd256 n80) were 2-20% slower at 16k except hd64 n192 (+5% at 16k, -7% at 1k), and n176 / n80 spill
 # (bench/RESULTS.md, eighth session, run 3).
 # H200, bf16, 16k tokens (bench/RESULTS.md, eighth session, run 10): ÷ FA4 hd64 0.73-0.86, hd128 0.68-0.88, hd256
 # 0.74-0.89; no spills.
 FWD_SM90 = [
-    ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "81 KB"),
+    ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "97 KB"),
     # hd64 with 192 query rows: three consumer warpgroups taking turns (160 registers each), FA3's and FA4's hd64
     # tile; from 4k query rows (ROW_RANGES) it ran 0.99-1.16x the 128-row tile, at 1k 0.87-0.99x (bench/RESULTS.md,
     # twelfth session, run 2).
-    ("sm90", "fwd", 64, 192, 128, 12, 1, 4, "89 KB, from 4k query rows"),
-    ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "121 KB"),
-    ("sm90", "fwd", 128, 128, 128, 8, 1, 3, "161 KB"),
+    ("sm90", "fwd", 64, 192, 128, 12, 1, 4, "113 KB, from 4k query rows"),
+    ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "145 KB"),
+    ("sm90", "fwd", 128, 128, 128, 8, 1, 3, "193 KB"),
     ("sm90", "fwd", 192, 128, 96, 8, 1, 3, "193 KB"),
     ("sm90", "fwd", 256, 128, 64, 8, 1, 3, "193 KB"),
     # At most 64 query rows per head (decode, its query heads packed): one consumer warpgroup halves the MMA work per
     # K/V tile, which at 128 rows takes about as long as the tile's load at the H200's per-SM bandwidth; decode ran
     # 1.08-1.19x the 128-row tile (bench/RESULTS.md, twelfth session, run 2).
-    ("sm90", "fwd", 128, 64, 128, 4, 1, 4, "145 KB, up to 64 query rows"),
+    ("sm90", "fwd", 128, 64, 128, 4, 1, 4, "161 KB, up to 64 query rows"),
 ]
 
 # Backward, Hopper wgmma path: 64 query rows per step, Q/dO in a ring of stages, two warpgroups. With block_n 128 each
@@ -112,7 +113,7 @@ BWD_SM90 = [
 # Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with
 # the 24 / 240 register split (src/sm90/fwd_traits.cuh), for an A/B against the shipped 128-key tiles.
 FWD_SM90_CANDIDATES = [
-    ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 113 KB"),
+    ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 129 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
 ]
 

@@ -28,6 +28,7 @@ enum FwdBarrier : int {
   kConsumersBarrier = 1,  // every consumer thread
   kTurnBarrier0 = 2,      // kTurnBarrier0 + w: consumer warpgroup w may issue its MMAs (2-4)
   kProducersBarrier = 5,  // every producer thread (paged K/V by TMA: a partial tile's cp.asyncs have landed)
+  kGroupBarrier0 = 6,     // kGroupBarrier0 + w: the threads of consumer warpgroup w (6-8)
 };
 
 // What the kernel takes: the family-neutral params and the TMA copies of K and V, which run_fwd builds on the host
@@ -141,12 +142,14 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
 }
 
 // Producer warpgroup: K_i and V_i for every visible tile i, in the consumers' order, each into its ring's stage:
-// one thread issuing TMA copies, or all of them issuing cp.async.
-// kDecode (the decode instantiation): K and V may be in pages (p.page_table), then loaded by fwd_load_pages where
-// TMA serves them, else with cp.async row by row.
+// one thread issuing TMA copies, or all of them issuing cp.async (whose completions the caller waits for before it
+// exits). `base`: the rings' uses before this block (the persistent grid's earlier tiles), so that step i of the
+// block is use base + i of each ring.
+// kDecode (the decode instantiation, one CTA per tile): K and V may be in pages (p.page_table), then loaded by
+// fwd_load_pages where TMA serves them, else with cp.async row by row.
 template <class T, bool kDecode>
 CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
-                          typename T::SharedStorage& smem, int ptid) {
+                          typename T::SharedStorage& smem, int ptid, int base) {
   using Element = typename T::Element;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
@@ -172,11 +175,12 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
 #pragma unroll 1
     for (int i = 0; i < blk.num_tiles; ++i) {
       int const n = blk.tile_of(i);
-      int const stage = i % T::kStages;
-      smem.k_ring.producer_acquire(i);
-      copy(params.tma_k.with(smem.k_ring.producer_expect(i, T::kTmaBytes)), tKgK(_, n), tKsK(_, stage));
-      smem.v_ring.producer_acquire(i);
-      copy(params.tma_v.with(smem.v_ring.producer_expect(i, T::kTmaBytes)), tVgV(_, n), tVsV(_, stage));
+      int const use = base + i;
+      int const stage = use % T::kStages;
+      smem.k_ring.producer_acquire(use);
+      copy(params.tma_k.with(smem.k_ring.producer_expect(use, T::kTmaBytes)), tKgK(_, n), tKsK(_, stage));
+      smem.v_ring.producer_acquire(use);
+      copy(params.tma_v.with(smem.v_ring.producer_expect(use, T::kTmaBytes)), tVgV(_, n), tVsV(_, stage));
     }
     return;
   }
@@ -201,41 +205,66 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
 #pragma unroll 1
   for (int i = 0; i < blk.num_tiles; ++i) {
     int const n = blk.tile_of(i);
-    int const stage = i % T::kStages;
+    int const use = base + i;
+    int const stage = use % T::kStages;
     int const rows = seq.seqlen_k - n * kBlockN - load_row;
-    smem.k_ring.producer_acquire(i);
+    smem.k_ring.producer_acquire(use);
     blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage), tKVcKV,
                                                             n, rows, k_cols, load_row, load_col);
-    smem.k_ring.producer_commit(i);
-    smem.v_ring.producer_acquire(i);
+    smem.k_ring.producer_commit(use);
+    smem.v_ring.producer_acquire(use);
     blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tKVcKV,
                                                             n, rows, v_cols, load_row, load_col);
-    smem.v_ring.producer_commit(i);
+    smem.v_ring.producer_commit(use);
   }
-  cp_async_wait<0>();
 }
 
-// Consumer warpgroups' mainloop: Q into shared memory, then S_i = Q K_i^T and O += P_i V_i over every visible tile
-// with the online softmax. acc_o ends as the tile's unnormalised O, softmax with its rows' statistics.
+// Consumer warpgroup `group`'s 64 rows of the block's Q into its rows of shared memory, by its own 128 threads
+// (cp.async, zeros past the sequence and the head dim); fwd_wait_q waits for them. Each warpgroup's MMAs read only
+// its own rows of Q, so the warpgroups load (and, in the persistent grid, reload) them independently.
+template <class T>
+CUTE_DEVICE void fwd_load_q(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
+                            typename T::SharedStorage& smem, int tid) {
+  using Element = typename T::Element;
+  auto tile_rows = Shape<_64, Int<T::kHeadDim>>{};
+  FwdKernelParams const& p = params.p;
+  int const group = tid / 128;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});  // (kBlockM, D)
+  Tensor mQ = make_tensor(make_gmem_ptr(blk.template q<Element>(p)), make_shape(blk.seq.seqlen_q, Int<T::kHeadDim>{}),
+                          make_stride(p.q_row_stride, _1{}));  // (Sq, D)
+  Tensor gQ = local_tile(mQ, tile_rows, make_coord(blk.m_block * (T::kBlockM / 64) + group, 0));
+  typename T::GmemLoad load_q;  // 128 threads
+  auto q_thr = load_q.get_thread_slice(tid % 128);
+  int q_row, q_col;
+  copy_base(q_thr, tile_rows, q_row, q_col);
+  copy_tile_zfill(load_q, q_thr.partition_S(gQ), q_thr.partition_D(local_tile(sQ, tile_rows, make_coord(group, 0))),
+                  copy_offsets(load_q, tile_rows), blk.seq.seqlen_q - blk.m0 - 64 * group - q_row, p.head_dim - q_col);
+}
+CUTE_DEVICE void fwd_wait_q(int tid) {
+  cp_async_wait<0>();
+  cutlass::arch::fence_view_async_shared();
+  named_sync(kGroupBarrier0 + tid / 128, 128);
+}
+
+// Consumer warpgroups' mainloop, once fwd_wait_q has Q in shared memory: S_i = Q K_i^T and O += P_i V_i over every
+// visible tile with the online softmax. acc_o ends as the tile's unnormalised O, softmax with its rows'
+// statistics. `base`: the K/V rings' uses before this block (as for fwd_load).
 template <class T, bool kDecode, class AccO, class Softmax>
 CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
-                         typename T::SharedStorage& smem, int tid, AccO& acc_o, Softmax& softmax) {
+                         typename T::SharedStorage& smem, int tid, int base, AccO& acc_o, Softmax& softmax) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
-  constexpr int kHeadDim = T::kHeadDim;
   constexpr int kConsumerThreads = T::kConsumerThreads;
   constexpr int kConsumerGroups = kConsumerThreads / 128;
   constexpr int kRows = decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value;
   FwdKernelParams const& p = params.p;
-  SeqInfo const& seq = blk.seq;
   Mask const& mask = blk.mask;
   int const m0 = blk.m0;
   int const group = tid / 128;
   int const num_general = blk.num_general, num_tiles = blk.num_tiles;
   auto tile_of = [&](int i) { return blk.tile_of(i); };
 
-  auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   auto tile_s = Shape<Int<kBlockM>, Int<kBlockN>>{};
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});   // (kBlockN, D, stage)
@@ -250,23 +279,9 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
   Tensor tOrVt = thr_o.make_fragment_B(thr_o.partition_B(sVt));  // (MMA, MMA_D, MMA_N, stage)
   clear(acc_o);
 
-  if (num_tiles > 0) {  // Q, by the consumers, while the producer starts on K and V
-    Tensor mQ = make_tensor(make_gmem_ptr(blk.template q<Element>(p)), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
-                            make_stride(p.q_row_stride, _1{}));  // (Sq, D)
-    Tensor gQ = local_tile(mQ, tile_q, make_coord(blk.m_block, 0));
-    typename T::GmemLoadQ load_q;
-    auto q_thr = load_q.get_thread_slice(tid);
-    int q_row, q_col;
-    copy_base(q_thr, tile_q, q_row, q_col);
-    copy_tile_zfill(load_q, q_thr.partition_S(gQ), q_thr.partition_D(sQ), copy_offsets(load_q, tile_q),
-                    seq.seqlen_q - m0 - q_row, p.head_dim - q_col);
-    cp_async_wait<0>();
-    cutlass::arch::fence_view_async_shared();
-    named_sync(kConsumersBarrier, kConsumerThreads);
-  }
-
   // The warpgroups take turns issuing their MMAs: w waits for its turn, issues, then hands the turn to the next.
-  // Warpgroup 0 goes first.
+  // Warpgroup 0 goes first (fwd_kernel's first arrival). Every warpgroup takes the same steps in every block, so
+  // the turn goes round without a break from one block to the next.
   constexpr bool kTurns = kConsumerGroups > 1 && T::kTakeTurns;
   auto wait_turn = [&]() {
     if constexpr (kTurns) named_sync(kTurnBarrier0 + group, 256);
@@ -275,7 +290,6 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
     if constexpr (kTurns) named_arrive(kTurnBarrier0 + (group + 1) % kConsumerGroups, 256);
   };
   static_assert(kConsumerGroups <= 3, "turns go round at most three warpgroups (named barriers 2-4)");
-  if (kTurns && group == 0) named_arrive(kTurnBarrier0, 256);
 
   constexpr int kPlain = 0, kMasked = 1, kSoftcapped = 2;
   // Scores of tile i (landed in acc_s) become probabilities; correction[] says how to rescale O afterwards.
@@ -294,20 +308,21 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
   // issued (FA3's order), so that only P's conversion waits for the P.V MMA.
   float correction[kRows];
   auto step = [&](int i, auto kind) __attribute__((always_inline)) {
-    int const stage = i % T::kStages, prev = (i - 1) % T::kStages;
+    int const use = base + i;
+    int const stage = use % T::kStages, prev = (use - 1) % T::kStages;
     Tensor acc_s = partition_fragment_C(mma_s, tile_s);  // (MMA, MMA_M, MMA_N)
-    smem.k_ring.consumer_wait(i);
+    smem.k_ring.consumer_wait(use);
     wait_turn();
     warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), acc_s);
     OnlineSoftmax<kRows>::rescale(acc_o, correction);
-    smem.v_ring.consumer_wait(i - 1);
+    smem.v_ring.consumer_wait(use - 1);
     warpgroup_issue<false, true>(mma_o, tOrP, tOrVt(_, _, _, prev), acc_o);
     pass_turn();
     warpgroup_wait_for<1>(acc_s);
-    smem.k_ring.consumer_release(i);
+    smem.k_ring.consumer_release(use);
     softmax_of(i, acc_s, kind, correction);
     warpgroup_wait_for<0>(acc_o, rP);
-    smem.v_ring.consumer_release(i - 1);
+    smem.v_ring.consumer_release(use - 1);
     convert_into(acc_s, rP);
   };
 
@@ -315,10 +330,10 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
   if (num_tiles > 0) {
     {
       Tensor acc_s = partition_fragment_C(mma_s, tile_s);
-      smem.k_ring.consumer_wait(0);
-      warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, 0), acc_s);
+      smem.k_ring.consumer_wait(base);
+      warpgroup_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, base % T::kStages), acc_s);
       warpgroup_wait_for<0>(acc_s);
-      smem.k_ring.consumer_release(0);
+      smem.k_ring.consumer_release(base);
       if (p.softcap_prescale != 0.f) {
         softmax_of(0, acc_s, Int<kSoftcapped>{}, correction);
       } else {
@@ -332,7 +347,7 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
       for (int i = 1; i < num_general; ++i) step(i, Int<kMasked>{});
       for (int i = max(num_general, 1); i < num_tiles; ++i) step(i, Int<kPlain>{});
     }
-    int const last = num_tiles - 1;
+    int const last = base + num_tiles - 1;
     OnlineSoftmax<kRows>::rescale(acc_o, correction);
     smem.v_ring.consumer_wait(last);
     warpgroup_issue<false, true>(mma_o, tOrP, tOrVt(_, _, _, last % T::kStages), acc_o);
@@ -341,11 +356,13 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
   }
 }
 
-// Consumer warpgroups' epilogue: O normalised (through shared memory, all of it free by now) into out, or as
-// float32 partials for the combine kernel (split-KV); the rows' lse.
+// Consumer warpgroups' epilogue, each warpgroup for its own 64 rows: O normalised and converted in registers, into
+// shared memory (the warpgroup's rows of T::kOwnO's buffer, else of Q, which its MMAs no longer read) with 32-bit
+// stores, then out in 16-byte vectors along rows; the rows' lse. Split-KV (the decode instantiation) writes float32
+// partials for the combine kernel instead, through all of shared memory (one CTA per tile there).
 template <class T, bool kDecode, class AccO, class Softmax>
 CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBlockN> const& blk,
-                              char* smem_raw, int tid, typename T::Element* o_ptr, AccO& acc_o, Softmax& softmax) {
+                              typename T::SharedStorage& smem, int tid, AccO& acc_o, Softmax& softmax) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
   constexpr int kHeadDim = T::kHeadDim;
@@ -354,6 +371,7 @@ CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T
   FwdKernelParams const& p = params.p;
   SeqInfo const& seq = blk.seq;
   int const b = blk.b, h = blk.h, m0 = blk.m0;
+  int const group = tid / 128;
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
   typename T::TiledMmaO mma_o;
   auto thr_o = mma_o.get_thread_slice(tid);
@@ -361,98 +379,167 @@ CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T
   float inv[kRows], lse[kRows];
   bool const split = kDecode && p.num_splits > 1;  // split-KV: float32 partials, the sink joining in the combine
   softmax.finish(p.scale_log2, inv, lse, split ? -INFINITY : sink_log2(p, h));
+  Tensor o_rc = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));  // (rows, cols)
 
-  // Epilogue: O goes through shared memory as float32, unnormalised, each accumulator pair stored straight from its
-  // registers; then every thread normalises, converts and stores 16-byte vectors along rows. Normalising or
-  // converting O in registers first spilled 100-148 B at head dim 256 (ptxas hoists the 128 multiplies ahead of
-  // their stores). Rows are padded by 8 floats against bank conflicts; all of shared memory is free by now.
-  constexpr int kStride = kHeadDim + 8;
-  float* o_buf = reinterpret_cast<float*>(smem_raw);
-  float* inv_buf = o_buf + kBlockM * kStride;
-  static_assert((kBlockM * kStride + kBlockM) * int(sizeof(float)) <= T::kSmemBytes);
-  TileCoords<typename T::TiledMmaO, decltype(tile_q)> const o_base(mma_o, tile_q);
-  auto const o_off = TileCoords<typename T::TiledMmaO, decltype(tile_q)>::offsets(mma_o, tile_q);  // (rows, cols)
-  Tensor o_rc = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));                     // (rows, cols)
-  static_assert(decltype(size<0, 0>(acc_o))::value == 2, "pairs of adjacent columns");
-  float* o_mine = o_buf + o_base.row_base * kStride + o_base.col_base;
-  named_sync(kConsumersBarrier, kConsumerThreads);  // every warpgroup is done reading Q, K and V
+  if constexpr (kDecode) {
+    if (split) {  // every accumulator pair stored from its registers, then normalised float32 rows
+      constexpr int kStride = kHeadDim + 8;  // floats, against bank conflicts
+      float* o_buf = reinterpret_cast<float*>(&smem);
+      float* inv_buf = o_buf + kBlockM * kStride;
+      static_assert((kBlockM * kStride + kBlockM) * int(sizeof(float)) <= T::kSmemBytes);
+      TileCoords<typename T::TiledMmaO, decltype(tile_q)> const o_base(mma_o, tile_q);
+      auto const o_off = TileCoords<typename T::TiledMmaO, decltype(tile_q)>::offsets(mma_o, tile_q);
+      static_assert(decltype(size<0, 0>(acc_o))::value == 2, "pairs of adjacent columns");
+      float* o_mine = o_buf + o_base.row_base * kStride + o_base.col_base;
+      named_sync(kConsumersBarrier, kConsumerThreads);  // every warpgroup is done reading Q, K and V
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o_rc); c += 2) {
+          int const offset = get<0>(o_off(r, c)) * kStride + get<1>(o_off(r, c));
+          *reinterpret_cast<float2*>(o_mine + offset) = make_float2(o_rc(r, c), o_rc(r, c + 1));
+        }
+        if (o_base.col_base == 0) inv_buf[o_base.row_base + get<0>(o_off(r, 0))] = inv[r];  // one thread per quad
+      }
+      named_sync(kConsumersBarrier, kConsumerThreads);
+      int const rows = min(kBlockM, seq.seqlen_q - m0);
+      int64_t const row0 = partial_row0(p, seq, b, h, blk.split);
+      float* const o_part = p.o_partial + (row0 + m0) * p.head_dim_v;
+#pragma unroll 1
+      for (int v = tid; v < kBlockM * kHeadDim; v += kConsumerThreads) {
+        int const row = v / kHeadDim, col = v % kHeadDim;
+        if (row < rows && col < p.head_dim_v)
+          o_part[(int64_t)row * p.head_dim_v + col] = o_buf[row * kStride + col] * inv_buf[row];
+      }
+      store_lse_rows(p.lse_partial + row0, thr_o, tile_q, m0, seq.seqlen_q, lse);
+      return;
+    }
+  }
+
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(o_rc); c += 2) {
-      int const offset = get<0>(o_off(r, c)) * kStride + get<1>(o_off(r, c));
-      *reinterpret_cast<float2*>(o_mine + offset) = make_float2(o_rc(r, c), o_rc(r, c + 1));
-    }
-    if (o_base.col_base == 0) inv_buf[o_base.row_base + get<0>(o_off(r, 0))] = inv[r];  // one thread per quad
+    for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv[r];
   }
-  named_sync(kConsumersBarrier, kConsumerThreads);
-  constexpr int kVecsPerRow = kHeadDim / 8;
-  int const rows = min(kBlockM, seq.seqlen_q - m0);
-  if (kDecode && split) {  // normalised float32 partials, then the combine kernel
-    int64_t const row0 = partial_row0(p, seq, b, h, blk.split);
-    float* const o_part = p.o_partial + (row0 + m0) * p.head_dim_v;
-#pragma unroll 1
-    for (int v = tid; v < kBlockM * kHeadDim; v += kConsumerThreads) {
-      int const row = v / kHeadDim, col = v % kHeadDim;
-      if (row < rows && col < p.head_dim_v)
-        o_part[(int64_t)row * p.head_dim_v + col] = o_buf[row * kStride + col] * inv_buf[row];
-    }
-    store_lse_rows(p.lse_partial + row0, thr_o, tile_q, m0, seq.seqlen_q, lse);
-    return;
-  }
-#pragma unroll 1
-  for (int v = tid; v < kBlockM * kVecsPerRow; v += kConsumerThreads) {
-    int const row = v / kVecsPerRow;
-    int const col = (v % kVecsPerRow) * 8;
-    if (row < rows && col < p.head_dim_v) {
-      float const* src = o_buf + row * kStride + col;
-      float4 const lo = *reinterpret_cast<float4 const*>(src);
-      float4 const hi = *reinterpret_cast<float4 const*>(src + 4);
-      float const scale = inv_buf[row];
-      cutlass::Array<float, 8> const vals = {lo.x * scale, lo.y * scale, lo.z * scale, lo.w * scale,
-                                             hi.x * scale, hi.y * scale, hi.z * scale, hi.w * scale};
-      cutlass::NumericArrayConverter<Element, float, 8> convert;
-      *reinterpret_cast<cutlass::Array<Element, 8>*>(o_ptr + (m0 + row) * p.out_row_stride + col) = convert(vals);
-    }
-  }
+  Tensor sO = make_tensor(make_smem_ptr(T::kOwnO ? smem.o : smem.q), typename T::SmemLayoutQ{});  // (kBlockM, D)
+  auto sts = make_tiled_copy_C(Copy_Atom<SharedStore32, Element>{}, mma_o);
+  auto sts_thr = sts.get_thread_slice(tid);
+  Tensor rO = make_tensor<Element>(acc_o.layout());
+  convert_into(acc_o, rO);
+  // The warpgroup's reads of the buffer for the previous block ended before fwd_wait_q's barrier; of Q (kOwnO
+  // false), its MMAs ended before this barrier.
+  if constexpr (!T::kOwnO) named_sync(kGroupBarrier0 + group, 128);
+  cute::copy(sts, sts_thr.retile_S(rO), sts_thr.partition_D(sO));
+  named_sync(kGroupBarrier0 + group, 128);
 
+  auto tile_rows = Shape<_64, Int<kHeadDim>>{};
+  Tensor mO = make_tensor(make_gmem_ptr(blk.template out<Element>(p)), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(p.out_row_stride, _1{}));  // (Sq, D)
+  store_tile(typename T::GmemStore{}, local_tile(sO, tile_rows, make_coord(group, 0)),
+             local_tile(mO, tile_rows, make_coord(blk.m_block * (kBlockM / 64) + group, 0)), tile_rows,
+             seq.seqlen_q - m0 - 64 * group, p.head_dim_v, tid % 128);
   store_lse(p, thr_o, tile_q, seq, b, h, m0, lse);
 }
 
-// The kernel: the block and its tile plan, the rings, then the roles: the producer warpgroup runs fwd_load, the
-// consumers fwd_mma and fwd_epilogue. kDecode: the decode instantiation (paged K/V, split-KV: see the portable
-// kernel), so that the other keeps its registers.
+// The kernel: the rings, then the roles. The producer warpgroup runs fwd_load for each block, the consumers
+// fwd_load_q, fwd_mma and fwd_epilogue. One CTA per tile, or (p.tile_counter set: the persistent grid) one per SM
+// walking tiles: producer thread 0 takes the next tile's index from the counter as it starts a block and hands it
+// to the consumers through tile_ring, so the producer loads the next block's K/V under this block's last steps and
+// epilogue, and (kOwnO) the consumers its Q under their epilogue. kDecode: the decode instantiation (paged K/V,
+// split-KV: see the portable kernel), one CTA per tile, so that the other keeps its registers.
 template <class T, bool kDecode>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+  using Scheduler = FwdTileScheduler<T::kBlockM>;
+  using Block = FwdBlock<T::kBlockM, T::kBlockN>;
   int const tid = threadIdx.x;
   FwdKernelParams const& p = params.p;
+  bool const persistent = !kDecode && p.tile_counter;
+  // Tile `index` of the persistent grid's order, or this CTA's (index -1); tiles past the last: none.
+  auto tiles = [&]() { return persistent ? int(Scheduler::count(p)) : 0; };
+  auto tile_at = [&](int index) { return index < 0 ? Scheduler::tile() : Scheduler::tile(p, index); };
+  int const first = persistent ? int(blockIdx.x) : -1;
 
-  FwdBlock<T::kBlockM, T::kBlockN> blk;
-  if (!blk.template init<kDecode>(p)) return;
-  blk.plan_tiles(p);
   if (tid == 0) {
     int const producers = params.use_tma ? 1 : T::kProducerThreads;
     smem.k_ring.init(producers, T::kConsumerThreads / 32);
     smem.v_ring.init(producers, T::kConsumerThreads / 32);
+    smem.tile_ring.init(1, T::kConsumerThreads / 32);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: the roles part here
 
   if (tid >= T::kConsumerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegs>();
-    fwd_load<T, kDecode>(params, blk, smem, tid - T::kConsumerThreads);
+    int const ptid = tid - T::kConsumerThreads;
+    bool const tma = params.use_tma && !(kDecode && p.page_table);  // fwd_load's one-thread path
+    if (tma && ptid != 0) return;
+    for (int k = 0, base = 0, index = first;; ++k) {
+      int next = tiles();  // the next tile's index; none without the persistent grid
+      if (persistent) {
+        if (ptid == 0) {
+          next = atomicAdd(p.tile_counter, 1) + int(gridDim.x);
+          smem.tile_ring.producer_acquire(k);
+          smem.next_tile[k % 2] = next;
+          smem.tile_ring.producer_arrive(k);
+        }
+        if (!tma) {
+          named_sync(kProducersBarrier, T::kProducerThreads);
+          next = smem.next_tile[k % 2];
+        }
+      }
+      Block blk;
+      if (blk.template init<kDecode>(p, tile_at(index))) {
+        blk.plan_tiles(p);
+        fwd_load<T, kDecode>(params, blk, smem, ptid, base);
+        base += blk.num_tiles;
+      }
+      if (next >= tiles()) break;
+      index = next;
+    }
+    if (!tma) cp_async_wait<0>();
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegs>();
 
-  auto* const o_ptr = blk.template out<typename T::Element>(p);
-  Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});  // O
-  OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;
-  fwd_mma<T, kDecode>(params, blk, smem, tid, acc_o, softmax);
-  fwd_epilogue<T, kDecode>(params, blk, smem_raw, tid, o_ptr, acc_o, softmax);
+  if (T::kConsumerThreads > 128 && T::kTakeTurns && tid < 128) named_arrive(kTurnBarrier0, 256);  // fwd_mma
+  // The next block's Q into this warpgroup's rows, once their last reader (its MMAs, or kOwnO false the epilogue)
+  // is done.
+  auto load_next_q = [&](int next) {
+    Block nblk;
+    if (next < tiles() && nblk.template init<kDecode>(p, Scheduler::tile(p, next))) {
+      named_sync(kGroupBarrier0 + tid / 128, 128);
+      fwd_load_q(params, nblk, smem, tid);
+    }
+  };
+  for (int k = 0, base = 0, index = first;; ++k) {
+    Block blk;
+    bool const live = blk.template init<kDecode>(p, tile_at(index));
+    if (live) {
+      blk.plan_tiles(p);
+      if (k == 0) fwd_load_q(params, blk, smem, tid);
+    }
+    int next = tiles();
+    if (persistent) {
+      smem.tile_ring.consumer_wait(k);
+      next = smem.next_tile[k % 2];
+      smem.tile_ring.consumer_release(k);
+    }
+    Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});  // O
+    OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;
+    if (live) {
+      fwd_wait_q(tid);
+      fwd_mma<T, kDecode>(params, blk, smem, tid, base, acc_o, softmax);
+      base += blk.num_tiles;
+    }
+    if constexpr (T::kOwnO) load_next_q(next);
+    if (live) fwd_epilogue<T, kDecode>(params, blk, smem, tid, acc_o, softmax);
+    if constexpr (!T::kOwnO) load_next_q(next);
+    if (next >= tiles()) break;
+    index = next;
+  }
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
 #endif

@@ -4,6 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
 #include "common/fwd_combine.cuh"
 #include "sm90/fwd_kernel.cuh"
 
@@ -45,6 +49,24 @@ inline bool tma_serves(FwdKernelParams const& p, int block_n, int page_rows) {
   return true;
 }
 
+// The persistent grid's CTA count (one per SM) where the tiles take more than one wave, or 0 for one CTA per tile:
+// always without a tile counter and for the decode instantiation. FLASHCUTE_FWD_GRID (A/B timing, tests) overrides
+// the choice: "tiles" for one CTA per tile, "persistent" for one per SM (at most one per tile) at any size, a number
+// n for n CTAs walking every tile.
+inline int persistent_ctas(FwdKernelParams const& p, int64_t tiles) {
+  if (!p.tile_counter || uses_decode_kernel(p) || tiles >= (int64_t(1) << 30)) return 0;
+  char const* grid = std::getenv("FLASHCUTE_FWD_GRID");
+  std::string const force = grid ? grid : "";
+  if (force == "tiles") return 0;
+  if (int const n = std::atoi(force.c_str()); n > 0) return int(std::min<int64_t>(n, tiles));
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  if (force == "persistent") return int(std::min<int64_t>(sms, tiles));
+  return tiles > sms ? sms : 0;
+}
+
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
   auto kernel = uses_decode_kernel(p) ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
@@ -70,7 +92,15 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
                                     p.v_batch_stride);
     }
   }
-  dim3 const grid = FwdTileScheduler<T::kBlockM>::grid(p);
+  dim3 grid = FwdTileScheduler<T::kBlockM>::grid(p);
+  int const ctas = persistent_ctas(p, FwdTileScheduler<T::kBlockM>::count(p));
+  if (ctas) {
+    grid = dim3(ctas);
+    err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) return err;
+  } else {
+    params.p.tile_counter = nullptr;
+  }
   kernel<<<grid, T::kThreads, smem, static_cast<cudaStream_t>(stream)>>>(params);
   if (p.num_splits > 1) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;

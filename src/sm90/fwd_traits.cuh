@@ -15,7 +15,7 @@ namespace flashcute::sm90 {
 using namespace cute;
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
-struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the producer warpgroup's K/V copies
+struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's copies: K/V, and each consumer's Q and O
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -40,8 +40,6 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
   // The consumer warpgroups take turns issuing their MMAs at head dims up to 128 only, as FA3 does: beyond, one
   // warpgroup's softmax is short beside its own MMAs, and the turn barriers only delay issue.
   static constexpr bool kTakeTurns = kHeadDim <= 128;
-  // Q is loaded by the consumers themselves, before their first MMA.
-  using GmemLoadQ = typename GmemCopies<Element, kHeadDim, kConsumerThreads>::GmemLoad;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0 && kHeadDim <= 256);
 
   // Rows of 128 bytes (64 elements) take the 128-byte swizzle; head dims that are odd multiples of 32 the 64-byte
@@ -81,16 +79,25 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // GmemLoad: the prod
       SmemLayoutKVRows{}, Shape<Int<kPageRows>, Int<kHeadDim>>{}, _1{}));
   static_assert(kBlockN % kPageRows == 0 && kBlockN / kPageRows <= 32);
 
+  // The epilogue stages each warpgroup's O rows (16-bit, in Q's layout) in a buffer of their own where it fits
+  // beside Q and the K/V stages, so that the next tile's Q can load under the epilogue of this one (persistent
+  // grid); elsewhere in the warpgroup's own rows of Q, the next Q loading after the epilogue.
+  static constexpr int kTileBytes = (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 1024;
+  static constexpr bool kOwnO = kTileBytes + kBlockM * kHeadDim * 2 <= 227 * 1024;
+
   struct SharedStorage {
     // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).
-    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // all three reused for O (float32) in the epilogue
+    alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // all three reused for O (float32) by split-KV's epilogue
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
     alignas(1024) Element v[cosize_v<SmemLayoutKV>];
+    alignas(1024) Element o[kOwnO ? cosize_v<SmemLayoutQ> : 1];
     TileRing<kStages> k_ring;
     TileRing<kStages> v_ring;
+    TileRing<2> tile_ring;  // persistent grid: the next tile's index, from the producer to the consumers
+    int next_tile[2];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 1024,
+  static_assert(kSmemBytes == kTileBytes + (kOwnO ? kBlockM * kHeadDim * 2 : 0),
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
 
