@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     int const producers = params.use_tma ? 1 : T::kProducerThreads;
     smem.k_ring.init(producers, T::kConsumerThreads / 32);
     smem.v_ring.init(producers, T::kConsumerThreads / 32);
-    smem.tile_ring.init(1, T::kConsumerThreads / 32);
+    smem.tile_ring.init(1, T::kConsumerThreads);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: the roles part here
@@ -477,7 +477,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     bool const tma = params.use_tma && !(kDecode && p.page_table);  // fwd_load's one-thread path
     if (tma && ptid != 0) return;
     for (int k = 0, base = 0, index = first;; ++k) {
-      int next = tiles();  // the next tile's index; none without the persistent grid
+      Block blk;
+      if (blk.template init<kDecode>(p, tile_at(index))) {
+        blk.plan_tiles(p);
+        fwd_load<T, kDecode>(params, blk, smem, ptid, base);
+        base += blk.num_tiles;
+      }
+      // The next tile, taken once this block's loads are issued (a kStages-tile lead on the consumers): taken at
+      // the block's start instead, a CTA held a tile for a whole block while others ran dry (hd128 causal 16k 7%
+      // slower than one CTA per tile, bench/RESULTS.md, sixteenth session).
+      int next = tiles();  // none without the persistent grid
       if (persistent) {
         if (ptid == 0) {
           next = atomicAdd(p.tile_counter, 1) + int(gridDim.x);
@@ -489,12 +498,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
           named_sync(kProducersBarrier, T::kProducerThreads);
           next = smem.next_tile[k % 2];
         }
-      }
-      Block blk;
-      if (blk.template init<kDecode>(p, tile_at(index))) {
-        blk.plan_tiles(p);
-        fwd_load<T, kDecode>(params, blk, smem, ptid, base);
-        base += blk.num_tiles;
       }
       if (next >= tiles()) break;
       index = next;
@@ -525,7 +528,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     if (persistent) {
       smem.tile_ring.consumer_wait(k);
       next = smem.next_tile[k % 2];
-      smem.tile_ring.consumer_release(k);
+      smem.tile_ring.consumer_arrive(k);
     }
     Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});  // O
     OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;

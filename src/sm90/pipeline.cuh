@@ -51,6 +51,8 @@ struct TileRing {
     __syncwarp();
     if (cute::elect_one_sync()) cutlass::arch::ClusterBarrier::arrive(&empty[i % kStages]);
   }
+  // A ring whose empty barriers count consumer threads (init): this thread has read what it needs from stage i.
+  CUTE_DEVICE void consumer_arrive(int i) { cutlass::arch::ClusterBarrier::arrive(&empty[i % kStages]); }
 };
 
 // Named barriers 1..15 (0 is __syncthreads): sync waits until `threads` threads have arrived, arrive does not wait.
