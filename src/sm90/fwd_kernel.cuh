@@ -524,18 +524,20 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
       blk.plan_tiles(p);
       if (k == 0) fwd_load_q(params, blk, smem, tid);
     }
-    int next = tiles();
-    if (persistent) {
-      smem.tile_ring.consumer_wait(k);
-      next = smem.next_tile[k % 2];
-      smem.tile_ring.consumer_arrive(k);
-    }
     Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});  // O
     OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;
     if (live) {
       fwd_wait_q(tid);
       fwd_mma<T, kDecode>(params, blk, smem, tid, base, acc_o, softmax);
       base += blk.num_tiles;
+    }
+    // The next tile, which the producer hands over once it has issued this block's loads (so only after the
+    // mainloop: before it, the producer would wait for stages that this wait keeps full).
+    int next = tiles();
+    if (persistent) {
+      smem.tile_ring.consumer_wait(k);
+      next = smem.next_tile[k % 2];
+      smem.tile_ring.consumer_arrive(k);
     }
     if constexpr (T::kOwnO) load_next_q(next);
     if (live) fwd_epilogue<T, kDecode>(params, blk, smem, tid, acc_o, softmax);
