@@ -111,7 +111,7 @@ size_t span_bytes(flashcute_fwd_params const& p) { return p.cu_seqlens_q ? seq_s
 
 // The forward's workspace: the varlen table, then split-KV's float32 partials (O, then lse; kernel_params.h), which
 // a call needs (`required` bytes), then the persistent grid's tile counter, which it may go without (`total`
-// bytes; the Hopper forward outside the decode instantiation, tile_scheduler.cuh).
+// bytes; only the Hopper forward's plain instantiation uses it, tile_scheduler.cuh).
 struct FwdWorkspace {
   int64_t partial_rows;
   size_t o_offset, lse_offset, counter_offset, required, total;
@@ -129,11 +129,8 @@ FwdWorkspace fwd_workspace(flashcute_fwd_params const& p) {
     w.total = w.lse_offset + slots * sizeof(float);
   }
   w.required = w.total;
-  bool const decode = p.num_splits > 1 || p.page_table || p.packed_gqa > 1;  // uses_decode_kernel, on the call
-  if (!decode) {
-    w.counter_offset = align(w.total);
-    w.total = w.counter_offset + sizeof(int);
-  }
+  w.counter_offset = align(w.total);
+  w.total = w.counter_offset + sizeof(int);
   return w;
 }
 
@@ -260,7 +257,7 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
     if (!launch && fwd_has_work(p)) return not_built(*cfg);
     FwdKernelParams k = kernel_params(p);
     k.smem_request = smem_request;
-    if (ws.total > ws.required && p.workspace && p.workspace_size >= ws.total)
+    if (p.workspace && p.workspace_size >= ws.total)
       k.tile_counter = reinterpret_cast<int*>(static_cast<char*>(p.workspace) + ws.counter_offset);
     if (p.num_splits > 1) {
       k.num_splits = (int)p.num_splits;

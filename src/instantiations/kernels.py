@@ -76,11 +76,11 @@ BWD_SM80 = [
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares), warp-specialised: one consumer
 # warpgroup per 64 query rows plus a producer warpgroup (warps counts the consumers; TMA for fixed-length batches
 # and most paged caches, cp.async for varlen), two K/V stages, and an O buffer where it fits (kOwnO: all but hd192,
-# hd256 and the n176 candidate). block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192, hd128 n160/n176,
-# hd192 n112, hd256 n80) were 2-20% slower at 16k except hd64 n192 (+5% at 16k, -7% at 1k), and n176 / n80 spill
-# (bench/RESULTS.md, eighth session, run 3).
-# H200, bf16, 16k tokens (bench/RESULTS.md, eighth session, run 10): ÷ FA4 hd64 0.73-0.86, hd128 0.68-0.88, hd256
-# 0.74-0.89; no spills.
+# hd256 and the n176 candidate). block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192,
+# hd128 n160/n176, hd192 n112, hd256 n80) were 2-20% slower at 16k except hd64 n192 (+5% at 16k, -7% at 1k), and
+# n176 / n80 spill (bench/RESULTS.md, eighth session, run 3).
+# H200, bf16, 16k tokens, persistent grid (bench/RESULTS.md, sixteenth session, run 3, with each config's spills, all
+# at tile boundaries): ÷ FA4 hd64 0.90-1.07, hd128 0.90-1.05, hd256 0.83-1.00.
 FWD_SM90 = [
     ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "97 KB"),
     # hd64 with 192 query rows: three consumer warpgroups taking turns (160 registers each), FA3's and FA4's hd64

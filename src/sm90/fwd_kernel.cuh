@@ -443,10 +443,11 @@ CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T
 
 // The kernel: the rings, then the roles. The producer warpgroup runs fwd_load for each block, the consumers
 // fwd_load_q, fwd_mma and fwd_epilogue. One CTA per tile, or (p.tile_counter set: the persistent grid) one per SM
-// walking tiles: producer thread 0 takes the next tile's index from the counter as it starts a block and hands it
-// to the consumers through tile_ring, so the producer loads the next block's K/V under this block's last steps and
-// epilogue, and (kOwnO) the consumers its Q under their epilogue. kDecode: the decode instantiation (paged K/V,
-// split-KV: see the portable kernel), one CTA per tile, so that the other keeps its registers.
+// walking tiles: producer thread 0 takes the next tile's index from the counter once it has issued a block's loads
+// and hands it to the consumers through tile_ring (read after their mainloop), so the producer loads the next
+// block's K/V under this block's last steps and epilogue, and (kOwnO) the consumers its Q under their epilogue.
+// kDecode: the decode instantiation (paged K/V, split-KV: see the portable kernel), one CTA per tile, so that the
+// other keeps its registers.
 template <class T, bool kDecode>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)

@@ -35,18 +35,24 @@ FAST_PAIRS = [(17, 113), (113, 17), (128, 128), (1013, 1013)]
 
 
 @contextlib.contextmanager
-def forced_arch(arch):
-    old = os.environ.get("FLASHCUTE_ARCH")
-    if arch:
-        os.environ["FLASHCUTE_ARCH"] = str(arch)
+def forced_env(name, value):
+    """The environment variable `name` set to value while the block runs (the library reads it per call); a falsy
+    value leaves it as it is."""
+    old = os.environ.get(name)
+    if value:
+        os.environ[name] = str(value)
     try:
         yield
     finally:
-        if arch:
+        if value:
             if old is None:
-                os.environ.pop("FLASHCUTE_ARCH")
+                os.environ.pop(name)
             else:
-                os.environ["FLASHCUTE_ARCH"] = old
+                os.environ[name] = old
+
+
+def forced_arch(arch):
+    return forced_env("FLASHCUTE_ARCH", arch)
 
 
 def stable_seed(*parts):

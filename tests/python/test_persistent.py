@@ -4,9 +4,7 @@ tile counter give the bits of one CTA per tile, and pass the float64 reference, 
 FLASHCUTE_FWD_GRID forces the grid (src/sm90/fwd_launch.cuh): "tiles" one CTA per tile, a number n that many CTAs.
 The portable family ignores it, so under another arch profile both runs are the same kernel. Skipped without CUDA.
 """
-import contextlib
 import math
-import os
 
 import pytest
 
@@ -15,20 +13,12 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import flashcute  # noqa: E402
-from test_gpu_grid import FEATURES, HEAD_DIMS, check_forward, make_inputs, poison_allocator, stable_seed  # noqa: E402
+from test_gpu_grid import (FEATURES, HEAD_DIMS, check_forward, forced_env, make_inputs,  # noqa: E402
+                           poison_allocator, stable_seed)
 
 
-@contextlib.contextmanager
 def forced_grid(grid):
-    old = os.environ.get("FLASHCUTE_FWD_GRID")
-    os.environ["FLASHCUTE_FWD_GRID"] = str(grid)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("FLASHCUTE_FWD_GRID")
-        else:
-            os.environ["FLASHCUTE_FWD_GRID"] = old
+    return forced_env("FLASHCUTE_FWD_GRID", grid)
 
 
 def both_grids(fn, ctas):
