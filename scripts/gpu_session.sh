@@ -10,7 +10,8 @@
 #   SANITIZE=1  also run compute-sanitizer memcheck, racecheck and synccheck on tests/cpp/test_gpu_kernels
 #               (SANITIZE=memcheck: memcheck alone)
 #   PREBUILT    a folder holding lib/libflashcute.so and tests/cpp/test_* built elsewhere (scripts/prebuild.sh):
-#               no build here; the test binaries run directly instead of through ctest
+#               no build here; the test binaries run directly instead of through ctest. Unpacked from
+#               PREBUILT.tar.xz first where only that is here.
 #   FUZZ        run the long fuzz (tests/python/test_fuzz.py -m fuzz) with this many cases
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,6 +19,9 @@ out="${OUT:-/tmp/flashcute-out}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 start=$(date +%s)
+if [ -n "${PREBUILT:-}" ] && [ ! -d "$root/$PREBUILT" ] && [ -f "$root/$PREBUILT.tar.xz" ]; then
+  tar -C "$root" -xJf "$root/$PREBUILT.tar.xz"
+fi
 [ -n "${PREBUILT:-}" ] && export LD_LIBRARY_PATH="$root/$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ -n "${PREBUILT:-}" ] && "$root/$PREBUILT/tests/cpp/test_dispatch" --gtest_brief=1 > /dev/null 2>&1; then
   dir="$root/$PREBUILT"
