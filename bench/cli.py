@@ -43,6 +43,7 @@ class Config:
     impls: list
     archs: list = field(default_factory=lambda: [None])
     libs: list = field(default_factory=list)
+    configs: list = field(default_factory=list)
     tokens: int = 16384
     width: int = 2048
     quick: bool = False
@@ -139,6 +140,9 @@ def build_parser():
     g.add_argument("--lib", action="append", default=[], metavar="LABEL=PATH",
                    help="another build of libflashcute.so, timed as flashcute@LABEL beside the one loaded "
                         "(A/B in one process; scripts/ab_tree.sh builds them); repeatable")
+    g.add_argument("--config", help="kernel config names (comma list), each timed as flashcute:<tile> with "
+                                    "FLASHCUTE_CONFIG set, beside dispatch's choice; a config serves its own "
+                                    "direction, dtype and head dims only")
     g.add_argument("--tokens", type=int, default=16384, help="batch = tokens // seqlen (default 16384)")
     g.add_argument("--width", type=int, default=2048, help="nheads = width // head_dim (default 2048)")
     g.add_argument("--quick", action="store_true", help="bf16, hdim 64/128, seqlen 1k/4k/16k, causal and not")
@@ -180,10 +184,11 @@ def parse_args(argv=None):
         impls = _unique([_impl_name(x) for x in _csv(a.impl)])
         archs = _unique([parse_arch(x) for x in _csv(a.arch)]) if a.arch else [None]
         libs = [parse_lib(x) for x in a.lib]
+        configs = _unique(_csv(a.config)) if a.config else []
     except ValueError as e:
         parser.error(str(e))
     return Config(dtypes=dtypes, hdims=hdims, seqlens=seqlens, causals=causals, modes=modes, impls=impls,
-                  archs=archs, libs=libs, tokens=a.tokens, width=a.width, quick=a.quick, out=a.out, readme=a.readme,
+                  archs=archs, libs=libs, configs=configs, tokens=a.tokens, width=a.width, quick=a.quick, out=a.out, readme=a.readme,
                   plots=not a.no_plots, ceilings=not a.no_ceilings, dry_run=a.dry_run, from_json=a.from_json,
                   target_s=a.target_s if a.target_s is not None else (0.2 if a.quick else 0.3),
                   warmup=a.warmup, min_reps=a.min_reps, max_reps=a.max_reps,

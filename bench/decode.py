@@ -47,6 +47,8 @@ def parse(argv):
     ap.add_argument("--configs", default="",
                     help="comma list of kernel configs to time flashcute with (FLASHCUTE_CONFIG; empty: dispatch's "
                          "choice), e.g. ,sm90_fwd_bf16_hd128_m64n128w4 for the default and the decode candidate")
+    ap.add_argument("--splits", default="0",
+                    help="comma list of num_splits to time flashcute with (0: the library's choice), e.g. 0,8,16,33")
     ap.add_argument("--target-s", type=float, default=0.2)
     ap.add_argument("--prefill", action="store_true",
                     help="instead: sq = cache rows (causal prefill against the cache), each layout's time against "
@@ -214,10 +216,11 @@ def main(argv=None):
             s_ms = float("nan")
         for page in pages:
             ck, cv, table = shuffled_pages(torch, kc, vc, page, gen)
-            call = (lambda: flashcute.flash_attn_with_kvcache(q, ck, cv, cache_seqlens=lengths, page_table=table,
-                                                              causal=True))
             f_ms = fa4_ms(fa4, q, ck, cv, lengths, table, args.target_s)
-            for config in args.configs.split(","):  # FLASHCUTE_CONFIG, read by the library at each call
+            for config, splits in ((c, int(n)) for c in args.configs.split(",") for n in args.splits.split(",")):
+                call = (lambda: flashcute.flash_attn_with_kvcache(q, ck, cv, cache_seqlens=lengths, page_table=table,
+                                                                  causal=True, num_splits=splits))
+                # FLASHCUTE_CONFIG, read by the library at each call
                 with forced_config(config):
                     eager = cuda_time(lambda i: call(), target_s=args.target_s).median_ms
                     replay = graphed(call)
@@ -228,7 +231,8 @@ def main(argv=None):
                             if fa4 else "")
                 print(f"{b:>5} {sq:>3} {n:>7} {page or '-':>5} | {eager:>8.3f} | {t.median_ms:>12.3f} "
                       f"{fc_gbs:>6.0f} {fc_gbs / copy:>6.0%} | {s_ms:>8.3f} {s_gbs:>6.0f} {s_gbs / copy:>6.0%} | "
-                      f"{s_ms / t.median_ms:>7.2f}{fa4_cols}" + (f"  {config}" if config else ""), flush=True)
+                      f"{s_ms / t.median_ms:>7.2f}{fa4_cols}" + (f"  {config}" if config else "")
+                      + (f"  splits {splits}" if splits else ""), flush=True)
             ck = cv = None  # freed before the next layout is built
             torch.cuda.empty_cache()
         q = kc = vc = qt = kt = vt = None

@@ -6,6 +6,7 @@ import os
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 ARCH_ENV = "FLASHCUTE_ARCH"
 GRID_ENV = "FLASHCUTE_FWD_GRID"
+CONFIG_ENV = "FLASHCUTE_CONFIG"
 
 
 class Sdpa:
@@ -30,17 +31,20 @@ class Sdpa:
 class Flashcute:
     """flashcute.flash_attn_func; with an arch, FLASHCUTE_ARCH is set while it runs (the library reads it per
     call) and the label says which, e.g. 'flashcute[sm120]'. grid: FLASHCUTE_FWD_GRID while it runs ('tiles': the
-    Hopper forward with one CTA per tile, for an A/B against its persistent grid)."""
+    Hopper forward with one CTA per tile, for an A/B against its persistent grid). config: FLASHCUTE_CONFIG while
+    it runs (a kernel config's name: it serves its own direction, dtype and head dims only), labelled by its tile."""
 
-    def __init__(self, arch=None, deterministic=False, lib=None, grid=None):
+    def __init__(self, arch=None, deterministic=False, lib=None, grid=None, config=None):
         self.arch = arch
         self.deterministic = deterministic
         self.lib = lib  # (label, path): another build of the library, for A/B timing (--lib)
-        self.env = {ARCH_ENV: None if arch is None else str(arch), GRID_ENV: grid}
+        self.env = {ARCH_ENV: None if arch is None else str(arch), GRID_ENV: grid, CONFIG_ENV: config}
         shown = arch if arch is not None else os.environ.get(ARCH_ENV)
         name = "flashcute-det" if deterministic else f"flashcute-{grid}" if grid else "flashcute"
         if lib is not None:
             name += f"@{lib[0]}"
+        if config is not None:
+            name += ":" + config.rsplit("_", 1)[-1]
         self.label = f"{name}[sm{shown}]" if shown else name
         self.backend = self.label
         self._fn = None
@@ -101,15 +105,17 @@ class Fa4:
         return out
 
 
-def build(impl_names, archs=(None,), libs=()):
-    """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch and per other library in libs
-    ((label, path) pairs); fa4 only where it imports."""
+def build(impl_names, archs=(None,), libs=(), configs=()):
+    """Impl objects for the names in cli.IMPLS order given; 'flashcute' once per arch, per other library in libs
+    ((label, path) pairs) and per forced kernel config in configs; fa4 only where it imports."""
     out = []
     for name in impl_names:
         if name in ("flashcute", "flashcute-det", "flashcute-tiles"):
             grid = "tiles" if name == "flashcute-tiles" else None
             for lib in (None, *libs):
-                out += [Flashcute(a, deterministic=name == "flashcute-det", lib=lib, grid=grid) for a in archs]
+                for config in (None, *configs):
+                    out += [Flashcute(a, deterministic=name == "flashcute-det", lib=lib, grid=grid, config=config)
+                            for a in archs]
         elif name == "fa4":
             if Fa4.available():
                 out.append(Fa4())

@@ -25,7 +25,7 @@ def print_grid(cfg, cases, impl_labels):
 
 def _impl_labels(cfg):
     from bench.impls import build
-    return [i.label for i in build(cfg.impls, cfg.archs, cfg.libs)]
+    return [i.label for i in build(cfg.impls, cfg.archs, cfg.libs, cfg.configs)]
 
 
 def write_outputs(cfg, records, meta, ceilings):
@@ -80,7 +80,7 @@ def main(argv=None):
     if cfg.ceilings:
         ceilings = ceil.measure()
         print(report.ceilings_text(ceilings))
-    impls = build(cfg.impls, cfg.archs, cfg.libs)
+    impls = build(cfg.impls, cfg.archs, cfg.libs, cfg.configs)
     bar = progress(len(cases) * len(impls) * len(cfg.modes), desc="bench")
     records = []
     try:

@@ -128,6 +128,19 @@ def test_lib_flag_adds_a_flashcute_impl_per_build():
     assert cli.parse_args([]).libs == []
 
 
+def test_config_flag_times_forced_kernel_configs(monkeypatch):
+    from bench.impls import build
+    monkeypatch.delenv("FLASHCUTE_CONFIG", raising=False)
+    cfg = cli.parse_args(["--impl", "flashcute", "--config", "sm90_bwd_bf16_hd64_m128n128w8"])
+    impls = build(cfg.impls, cfg.archs, cfg.libs, cfg.configs)
+    assert [i.label for i in impls] == ["flashcute", "flashcute:m128n128w8"]
+    with impls[1].context():
+        assert os.environ["FLASHCUTE_CONFIG"] == "sm90_bwd_bf16_hd64_m128n128w8"
+    with impls[0].context():
+        assert "FLASHCUTE_CONFIG" not in os.environ
+    assert "FLASHCUTE_CONFIG" not in os.environ and cli.parse_args([]).configs == []
+
+
 @pytest.mark.parametrize("text,value", [("512", 512), ("1k", 1024), ("16K", 16384), ("4096", 4096)])
 def test_parse_seqlen(text, value):
     assert cli.parse_seqlen(text) == value
