@@ -53,7 +53,9 @@ flashcute_status_t explain(flashcute_direction_t direction, flashcute_fwd_params
   }
   int const hd = (int)(params->head_dim > params->head_dim_v ? params->head_dim : params->head_dim_v);
   std::string why;
-  KernelConfig const* c = select_config(Problem{direction, params->dtype, hd}, *profile, &why,
+  Problem problem{direction, params->dtype, hd};
+  problem.head_dim_v = (int)params->head_dim_v;
+  KernelConfig const* c = select_config(problem, *profile, &why,
                                         sm > 0 ? nullptr : std::getenv("FLASHCUTE_CONFIG"), config_built);
   std::string text = std::string(profile->name) + " (" + origin + "), " +
                      (direction == FLASHCUTE_FORWARD ? "forward" : "backward") + ", head_dim " + std::to_string(hd) +

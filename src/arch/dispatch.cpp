@@ -25,7 +25,7 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
       return nullptr;
     }
     if (named->direction == problem.direction) {  // a forward config says nothing about the backward
-      if (named->dtype == problem.dtype && named->head_dim >= problem.head_dim && config_fits(*named, p))
+      if (named->dtype == problem.dtype && covers(*named, problem) && config_fits(*named, p))
         return named;
       if (why)
         *why = std::string("unsupported: FLASHCUTE_CONFIG=") + forced + " does not serve this dtype/head_dim or fit " +
@@ -33,9 +33,12 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
       return nullptr;
     }
   }
-  // Smallest covering head dim first (less padding), then the config's declared priority.
+  // Smallest covering head dims first (less padding: Q/K's, then V's), then the config's declared priority.
   auto better = [](KernelConfig const& c, KernelConfig const* than) {
-    return !than || c.head_dim < than->head_dim || (c.head_dim == than->head_dim && c.priority > than->priority);
+    if (!than) return true;
+    if (c.head_dim != than->head_dim) return c.head_dim < than->head_dim;
+    if (c.head_dim_v != than->head_dim_v) return c.head_dim_v < than->head_dim_v;
+    return c.priority > than->priority;
   };
   KernelConfig const* best = nullptr;
   KernelConfig const* best_built = nullptr;
@@ -43,7 +46,7 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
   for (int i = 0; i < count; ++i) {
     KernelConfig const& c = table[i];
     if (c.direction != problem.direction || c.dtype != problem.dtype) continue;
-    if (c.head_dim < problem.head_dim) continue;
+    if (!covers(c, problem)) continue;
     any_head_dim = true;
     if ((c.min_rows && problem.rows < c.min_rows) || (c.max_rows && problem.rows > c.max_rows)) continue;
     if (!config_fits(c, p)) continue;

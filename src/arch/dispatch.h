@@ -13,7 +13,14 @@ struct Problem {
   flashcute_dtype_t dtype;
   int head_dim;    // max(head_dim, head_dim_v): the kernel tile must cover both
   int rows = 1 << 30;  // query rows per head: seqlen_q (varlen: its maximum; packed GQA: the packed rows)
+  int head_dim_v = 0;  // V's and O's head dim (0: head_dim), for the configs with V's own (KernelConfig)
+  int v_dim() const { return head_dim_v ? head_dim_v : head_dim; }
 };
+
+// Whether cfg's tile covers the problem's head dims (Q/K's and V's).
+inline bool covers(KernelConfig const& cfg, Problem const& problem) {
+  return cfg.head_dim >= problem.head_dim && cfg.head_dim_v >= problem.v_dim();
+}
 
 // Whether cfg may run under profile p: capabilities, shared memory per block and the occupancy it was sized for.
 // (Its row range is dispatch's preference, not a limit: a forced config runs at any rows.)

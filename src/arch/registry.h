@@ -19,7 +19,8 @@ struct KernelConfig {
   Family family;
   flashcute_direction_t direction;
   flashcute_dtype_t dtype;
-  int head_dim;
+  int head_dim;    // Q's and K's
+  int head_dim_v;  // V's and O's: head_dim, or less where the kernel has V's own (DeepSeek's 192 / 128)
   int block_m;
   int block_n;
   int warps;

@@ -4,7 +4,9 @@ generated .cu files, the CI subset) is derived from it by generate.py.
 Compile-time axes: family (sm80 portable / sm90 Hopper), direction, dtype, head dim and the tile. Everything else
 (causal, window, softcap, GQA, varlen, strides, seqlens) is a runtime argument.
 
-Each entry: (family, direction, head_dim, block_m, block_n, warps, ctas_per_sm, priority, why).
+Each entry: (family, direction, head_dim, block_m, block_n, warps, ctas_per_sm, priority, why); head_dim is a
+pair (head_dim, head_dim_v) for a kernel whose V and O have a head dim of their own (dispatch prefers it where it
+covers both with less padding).
 ctas_per_sm is the occupancy the tile is meant for: dispatch only picks it where smem * ctas_per_sm fits the
 profile's shared memory per SM. Among fitting configs the highest priority wins. ROW_RANGES below narrows some
 configs to the query rows per head (seqlen_q, packed rows included) they were measured to win at.
@@ -90,6 +92,8 @@ FWD_SM90 = [
     ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "145 KB"),
     ("sm90", "fwd", 128, 128, 128, 8, 1, 3, "193 KB"),
     ("sm90", "fwd", 192, 128, 96, 8, 1, 3, "193 KB"),
+    # DeepSeek's (192, 128): V and O at their own head dim (a 128-wide P.V and O), 128 keys per tile as FA4 takes.
+    ("sm90", "fwd", (192, 128), 128, 128, 8, 1, 3, "209 KB"),
     ("sm90", "fwd", 256, 128, 64, 8, 1, 3, "193 KB"),
     # At most 64 query rows per head (decode, its query heads packed): one consumer warpgroup halves the MMA work per
     # K/V tile, which at 128 rows takes about as long as the tile's load at the H200's per-SM bandwidth; decode ran

@@ -38,9 +38,11 @@ enum FwdBarrier : int {
 template <class T>
 struct FwdParams {
   FwdKernelParams p;
-  typename T::TmaKV tma_k, tma_v;
+  typename T::TmaKV tma_k;
+  typename T::TmaV tma_v;
   bool use_tma;
-  typename T::TmaKVRows tma_k_rows, tma_v_rows;
+  typename T::TmaKVRows tma_k_rows;
+  typename T::TmaVRows tma_v_rows;
 };
 
 // Paged K/V by TMA (the decode instantiation), from the (page_size, D, heads, pages) view, so that rows past a page
@@ -58,13 +60,14 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
   using Element = typename T::Element;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kHeadDimV = T::kHeadDimV;
   constexpr int kPageRows = T::kPageRows;
   FwdKernelParams const& p = params.p;
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
-  auto tile_rows = Shape<Int<kPageRows>, Int<kHeadDim>>{};
+  auto tile_v = Shape<Int<kBlockN>, Int<kHeadDimV>>{};
   auto view = [&](int d) { return make_shape(p.page_size, d, p.nheads_kv, p.num_pages); };
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutV{});   // (kBlockN, Dv, stage)
   bool const rows_mode = p.page_size < kBlockN;
   int const* const table = p.page_table + blk.b * p.page_table_batch_stride;
   int const row_off = rows_mode ? ptid * kPageRows : 0;  // this lane's first row in a tile
@@ -78,31 +81,39 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
 
   typename T::GmemLoad gmem_load;  // the partial tile's cp.asyncs
   auto load_thr = gmem_load.get_thread_slice(ptid);
-  Tensor tKgK = load_thr.partition_S(local_tile(make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)),
-                                                            tile_kv, make_stride(p.k_row_stride, _1{})),
-                                                tile_kv, make_coord(_, 0)));  // rows' layout only (copy_rows_zfill)
-  Tensor tKsK_cp = load_thr.partition_D(sK);                                     // (CPY, CPY_N, CPY_D, stage)
+  // The rows' layouts only (copy_rows_zfill).
+  auto rows_of = [&](auto tile) {
+    return load_thr.partition_S(local_tile(
+        make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)), tile, make_stride(p.k_row_stride, _1{})), tile,
+        make_coord(_, 0)));
+  };
+  Tensor tKgK = rows_of(tile_kv);
+  Tensor tVgV = rows_of(tile_v);
+  Tensor tKsK_cp = load_thr.partition_D(sK);  // (CPY, CPY_N, CPY_D, stage)
   Tensor tVsV_cp = load_thr.partition_D(sV);
   Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);
+  Tensor tVcV = copy_offsets(gmem_load, tile_v);
   int load_row, load_col;
   copy_base(load_thr, tile_kv, load_row, load_col);
 
   // Tile i (stage, its first row in the page) of K or V from page `page`: one copy of the tile, or of this lane's
   // kPageRows rows (rows_mode); thread 0 expects the tile's bytes.
   int page;
-  auto load_tile = [&](auto& ring, auto const& tma, auto const& tma_rows, auto& sX, int d, int i, int stage, int row) {
-    auto copy_rows = [&](auto const& copy_op, auto tile, int t, auto&& dst) {
-      Tensor g = local_tile(copy_op.get_tma_tensor(view(d))(_, _, blk.h_kv, page), tile, make_coord(t, 0));
+  auto load_tile = [&](auto& ring, auto const& tma, auto const& tma_rows, auto& sX, auto tile, int d, int i,
+                       int stage, int row) {
+    auto tile_rows = Shape<Int<kPageRows>, decltype(get<1>(tile))>{};
+    auto copy_rows = [&](auto const& copy_op, auto box, int t, auto&& dst) {
+      Tensor g = local_tile(copy_op.get_tma_tensor(view(d))(_, _, blk.h_kv, page), box, make_coord(t, 0));
       auto thr = copy_op.get_slice(_0{});
       copy(copy_op.with(ring.producer_barrier(i)), group_modes<0, 3>(thr.partition_S(g)),
            group_modes<0, 3>(thr.partition_D(dst)));
     };
     ring.producer_acquire(i);
-    if (ptid == 0) ring.producer_expect(i, T::kTmaBytes);
+    if (ptid == 0) ring.producer_expect(i, uint32_t(size(tile) * sizeof(Element)));
     if (rows_mode) {
       copy_rows(tma_rows, tile_rows, row / kPageRows, local_tile(sX(_, _, stage), tile_rows, make_coord(ptid, 0)));
     } else {
-      copy_rows(tma, tile_kv, row / kBlockN, sX(_, _, stage));
+      copy_rows(tma, tile, row / kBlockN, sX(_, _, stage));
     }
   };
   // Entries of full tiles only: a lane's rows of the partial tile may lie past the sequence's last page entry.
@@ -118,8 +129,8 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
       if (!issuer) continue;
       int const row = n * kBlockN + row_off - slot_of(n) * p.page_size;  // in the page
       int const next = next_page(i + 1);
-      load_tile(smem.k_ring, params.tma_k, params.tma_k_rows, sK, p.head_dim, i, stage, row);
-      load_tile(smem.v_ring, params.tma_v, params.tma_v_rows, sV, p.head_dim_v, i, stage, row);
+      load_tile(smem.k_ring, params.tma_k, params.tma_k_rows, sK, tile_kv, p.head_dim, i, stage, row);
+      load_tile(smem.v_ring, params.tma_v, params.tma_v_rows, sV, tile_v, p.head_dim_v, i, stage, row);
       page = next;
     } else {
       int const rows = blk.seq.seqlen_k - n * kBlockN - load_row;
@@ -127,7 +138,7 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
       blk.template load_kv<true, Element, 1>(p, false, gmem_load, tKgK, tKsK_cp(_, _, _, stage), tKVcKV, n, rows,
                                              p.head_dim - load_col, load_row, load_col);
       smem.v_ring.producer_acquire(i);
-      blk.template load_kv<true, Element, 1>(p, true, gmem_load, tKgK, tVsV_cp(_, _, _, stage), tKVcKV, n, rows,
+      blk.template load_kv<true, Element, 1>(p, true, gmem_load, tVgV, tVsV_cp(_, _, _, stage), tVcV, n, rows,
                                              p.head_dim_v - load_col, load_row, load_col);
       cp_async_wait<0>();
       cutlass::arch::fence_view_async_shared();
@@ -153,10 +164,12 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   using Element = typename T::Element;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kHeadDimV = T::kHeadDimV;
   FwdKernelParams const& p = params.p;
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  auto tile_v = Shape<Int<kBlockN>, Int<kHeadDimV>>{};
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutV{});   // (kBlockN, Dv, stage)
   if constexpr (kDecode) {
     if (params.use_tma && p.page_table) return fwd_load_pages(params, blk, smem, ptid);
   }
@@ -165,7 +178,7 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));
     Tensor gK = local_tile(mK(_, _, blk.h_kv, blk.b), tile_kv, make_coord(_, 0));  // (kBlockN, D, n)
-    Tensor gV = local_tile(mV(_, _, blk.h_kv, blk.b), tile_kv, make_coord(_, 0));
+    Tensor gV = local_tile(mV(_, _, blk.h_kv, blk.b), tile_v, make_coord(_, 0));    // (kBlockN, Dv, n)
     auto tma_k = params.tma_k.get_slice(_0{});
     auto tma_v = params.tma_v.get_slice(_0{});
     Tensor tKgK = group_modes<0, 3>(tma_k.partition_S(gK));  // (TMA, n)
@@ -180,17 +193,17 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
       smem.k_ring.producer_acquire(use);
       copy(params.tma_k.with(smem.k_ring.producer_expect(use, T::kTmaBytes)), tKgK(_, n), tKsK(_, stage));
       smem.v_ring.producer_acquire(use);
-      copy(params.tma_v.with(smem.v_ring.producer_expect(use, T::kTmaBytes)), tVgV(_, n), tVsV(_, stage));
+      copy(params.tma_v.with(smem.v_ring.producer_expect(use, T::kTmaBytesV)), tVgV(_, n), tVsV(_, stage));
     }
     return;
   }
   SeqInfo const& seq = blk.seq;
   Tensor mK = make_tensor(make_gmem_ptr(blk.template k<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(p.k_row_stride, _1{}));  // (Sk, D)
-  Tensor mV = make_tensor(make_gmem_ptr(blk.template v<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+  Tensor mV = make_tensor(make_gmem_ptr(blk.template v<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDimV>{}),
                           make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
   Tensor gK = local_tile(mK, tile_kv, make_coord(_, 0));       // (kBlockN, D, n)
-  Tensor gV = local_tile(mV, tile_kv, make_coord(_, 0));
+  Tensor gV = local_tile(mV, tile_v, make_coord(_, 0));        // (kBlockN, Dv, n)
   typename T::GmemLoad gmem_load;
   auto load_thr = gmem_load.get_thread_slice(ptid);
   Tensor tKgK = load_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
@@ -198,6 +211,7 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   Tensor tVgV = load_thr.partition_S(gV);
   Tensor tVsV = load_thr.partition_D(sV);
   Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);
+  Tensor tVcV = copy_offsets(gmem_load, tile_v);
   int load_row, load_col;
   copy_base(load_thr, tile_kv, load_row, load_col);
   int const k_cols = p.head_dim - load_col;
@@ -213,7 +227,7 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
                                                             n, rows, k_cols, load_row, load_col);
     smem.k_ring.producer_commit(use);
     smem.v_ring.producer_acquire(use);
-    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tKVcKV,
+    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tVcV,
                                                             n, rows, v_cols, load_row, load_col);
     smem.v_ring.producer_commit(use);
   }
@@ -268,7 +282,7 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
   auto tile_s = Shape<Int<kBlockM>, Int<kBlockN>>{};
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});   // (kBlockN, D, stage)
-  Tensor sVt = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutVt{});  // (D, kBlockN, stage)
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutVt{});  // (Dv, kBlockN, stage)
 
   typename T::TiledMmaS mma_s;
   typename T::TiledMmaO mma_o;
@@ -365,14 +379,14 @@ CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T
                               typename T::SharedStorage& smem, int tid, AccO& acc_o, Softmax& softmax) {
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
-  constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kHeadDim = T::kHeadDimV;  // O's
   constexpr int kConsumerThreads = T::kConsumerThreads;
   constexpr int kRows = decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value;
   FwdKernelParams const& p = params.p;
   SeqInfo const& seq = blk.seq;
   int const b = blk.b, h = blk.h, m0 = blk.m0;
   int const group = tid / 128;
-  auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
+  auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};  // O's tile
   typename T::TiledMmaO mma_o;
   auto thr_o = mma_o.get_thread_slice(tid);
 
@@ -421,7 +435,8 @@ CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T
     CUTE_UNROLL
     for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv[r];
   }
-  Tensor sO = make_tensor(make_smem_ptr(T::kOwnO ? smem.o : smem.q), typename T::SmemLayoutQ{});  // (kBlockM, D)
+  static_assert(cosize_v<typename T::SmemLayoutO> <= cosize_v<typename T::SmemLayoutQ>);
+  Tensor sO = make_tensor(make_smem_ptr(T::kOwnO ? smem.o : smem.q), typename T::SmemLayoutO{});  // (kBlockM, Dv)
   auto sts = make_tiled_copy_C(Copy_Atom<SharedStore32, Element>{}, mma_o);
   auto sts_thr = sts.get_thread_slice(tid);
   Tensor rO = make_tensor<Element>(acc_o.layout());
@@ -525,7 +540,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
       blk.plan_tiles(p);
       if (k == 0) fwd_load_q(params, blk, smem, tid);
     }
-    Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});  // O
+    Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{});  // O
     OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;
     if (live) {
       fwd_wait_q(tid);

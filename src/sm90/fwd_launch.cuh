@@ -13,10 +13,11 @@
 
 namespace flashcute::sm90 {
 
-// The TMA copy of a (seqlen, head_dim, heads, batch) tensor, kRows rows at a time into SmemLayout (a whole K/V
-// stage by default). The API guarantees 16-byte aligned rows; a stride of 0 (only on a dimension of size 1 here, see
+// The TMA copy of a (seqlen, head_dim, heads, batch) tensor, kRows x kCols at a time into SmemLayout (a whole K
+// stage by default; V's take its own layout and head dim). The API guarantees 16-byte aligned rows; a stride of 0 (only on a dimension of size 1 here, see
 // tma_serves) becomes 16 bytes, which TMA accepts.
-template <class T, class SmemLayout = decltype(take<0, 2>(typename T::SmemLayoutKV{})), int kRows = T::kBlockN>
+template <class T, class SmemLayout = decltype(take<0, 2>(typename T::SmemLayoutKV{})), int kRows = T::kBlockN,
+          int kCols = T::kHeadDim>
 auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch, int64_t row_stride,
                  int64_t head_stride, int64_t batch_stride) {
   using Element = typename T::Element;
@@ -24,7 +25,7 @@ auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch
   Tensor t = make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
                          make_shape(seqlen, head_dim, heads, batch),
                          make_stride(nonzero(row_stride), _1{}, nonzero(head_stride), nonzero(batch_stride)));
-  return make_tma_copy(SM90_TMA_LOAD{}, t, SmemLayout{}, Shape<Int<kRows>, Int<T::kHeadDim>>{}, _1{});
+  return make_tma_copy(SM90_TMA_LOAD{}, t, SmemLayout{}, Shape<Int<kRows>, Int<kCols>>{}, _1{});
 }
 
 // TMA needs every stride below 2^40 bytes, and no dimension of more than one element at stride 0 (an expanded
@@ -80,16 +81,15 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
     int const rows = p.page_table ? p.page_size : p.seqlen_k;
     int const outer = p.page_table ? p.num_pages : p.batch;
     if (p.page_table && p.page_size < T::kBlockN) {  // pages shorter than a key tile: kPageRows rows a copy
-      using Rows = typename T::SmemLayoutKVRows;
-      params.tma_k_rows = make_kv_tma<T, Rows, T::kPageRows>(p.k, rows, p.head_dim, p.nheads_kv, outer,
-                                                             p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-      params.tma_v_rows = make_kv_tma<T, Rows, T::kPageRows>(p.v, rows, p.head_dim_v, p.nheads_kv, outer,
-                                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+      params.tma_k_rows = make_kv_tma<T, typename T::SmemLayoutKVRows, T::kPageRows>(
+          p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+      params.tma_v_rows = make_kv_tma<T, typename T::SmemLayoutVRows, T::kPageRows, T::kHeadDimV>(
+          p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
     } else {
       params.tma_k = make_kv_tma<T>(p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride,
                                     p.k_batch_stride);
-      params.tma_v = make_kv_tma<T>(p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride,
-                                    p.v_batch_stride);
+      params.tma_v = make_kv_tma<T, decltype(take<0, 2>(typename T::SmemLayoutV{})), T::kBlockN, T::kHeadDimV>(
+          p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
     }
   }
   dim3 grid = FwdTileScheduler<T::kBlockM>::grid(p);

@@ -14,10 +14,13 @@ namespace flashcute::sm90 {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+// kHeadDimV: V's and O's head dim where it differs from Q's and K's (DeepSeek's 192 / 128; the default, declared
+// in fwd_launch.h, is kHeadDim); both take the same gmem copies, so both must be whole chunks of them.
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kHeadDimV_>
 struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's copies: K/V, and each consumer's Q and O
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kWarps = kWarps_;  // consumer warps (the config's name counts these)
@@ -41,22 +44,27 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   // warpgroup's softmax is short beside its own MMAs, and the turn barriers only delay issue.
   static constexpr bool kTakeTurns = kHeadDim <= 128;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0 && kHeadDim <= 256);
+  static_assert(kHeadDimV <= kHeadDim && kHeadDimV % GmemCopies<Element_, kHeadDim_, 128>::kRowChunk == 0);
 
   // Rows of 128 bytes (64 elements) take the 128-byte swizzle; head dims that are odd multiples of 32 the 64-byte
   // one. The same atom serves Q and K (K-major operands) and, read transposed, V (the MN-major B of P.V).
   using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
                                       decltype(GMMA::Layout_K_SW64_Atom<Element>{})>;
+  using SmemAtomV = std::conditional_t<kHeadDimV % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
+                                       decltype(GMMA::Layout_K_SW64_Atom<Element>{})>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
   // S = Q K^T from shared memory; O += P V with P in registers (the S accumulators, converted).
   using AtomLayout = Layout<Shape<Int<kBlockM / 64>, _1, _1>>;
   using TiledMmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
   using TiledMmaO = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomLayout{}));
 
@@ -67,37 +75,48 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   using TmaKV = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
       take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
+      take<0, 2>(SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
   static constexpr uint32_t kTmaBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDimV * sizeof(Element);
   // Paged K/V with pages shorter than a key tile (page_size a multiple of kPageRows dividing kBlockN): one copy of
   // kPageRows rows per lane of the producer's first warp, into those rows of the stage.
   static constexpr int kPageRows = 16;
   using SmemLayoutKVRows = decltype(composition(take<0, 2>(SmemLayoutKV{}),
                                                 make_layout(Shape<Int<kPageRows>, Int<kHeadDim>>{},
                                                             make_stride(_1{}, Int<kBlockN>{}))));
+  using SmemLayoutVRows = decltype(composition(take<0, 2>(SmemLayoutV{}),
+                                               make_layout(Shape<Int<kPageRows>, Int<kHeadDimV>>{},
+                                                           make_stride(_1{}, Int<kBlockN>{}))));
   using TmaKVRows = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
       SmemLayoutKVRows{}, Shape<Int<kPageRows>, Int<kHeadDim>>{}, _1{}));
+  using TmaVRows = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
+      SmemLayoutVRows{}, Shape<Int<kPageRows>, Int<kHeadDimV>>{}, _1{}));
   static_assert(kBlockN % kPageRows == 0 && kBlockN / kPageRows <= 32);
 
   // The epilogue stages each warpgroup's O rows (16-bit, in Q's layout) in a buffer of their own where it fits
   // beside Q and the K/V stages, so that the next tile's Q can load under the epilogue of this one (persistent
   // grid); elsewhere in the warpgroup's own rows of Q, the next Q loading after the epilogue.
-  static constexpr int kTileBytes = (kBlockM + 2 * kStages * kBlockN) * kHeadDim * 2 + 1024;
-  static constexpr bool kOwnO = kTileBytes + kBlockM * kHeadDim * 2 <= 227 * 1024;
+  static constexpr int kTileBytes = ((kBlockM + kStages * kBlockN) * kHeadDim + kStages * kBlockN * kHeadDimV) * 2 +
+                                    1024;
+  static constexpr bool kOwnO = kTileBytes + kBlockM * kHeadDimV * 2 <= 227 * 1024;
 
   struct SharedStorage {
     // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).
     alignas(1024) Element q[cosize_v<SmemLayoutQ>];  // all three reused for O (float32) by split-KV's epilogue
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];
-    alignas(1024) Element v[cosize_v<SmemLayoutKV>];
-    alignas(1024) Element o[kOwnO ? cosize_v<SmemLayoutQ> : 1];
+    alignas(1024) Element v[cosize_v<SmemLayoutV>];
+    alignas(1024) Element o[kOwnO ? cosize_v<SmemLayoutO> : 1];
     TileRing<kStages> k_ring;
     TileRing<kStages> v_ring;
     TileRing<2> tile_ring;  // persistent grid: the next tile's index, from the producer to the consumers
     int next_tile[2];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == kTileBytes + (kOwnO ? kBlockM * kHeadDim * 2 : 0),
+  static_assert(kSmemBytes == kTileBytes + (kOwnO ? kBlockM * kHeadDimV * 2 : 0),
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
 

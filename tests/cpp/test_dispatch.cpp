@@ -104,6 +104,30 @@ TEST(Dispatch, EveryRowCountFindsAConfigAndRangesApply) {
   EXPECT_STREQ(forced->name, "sm90_fwd_bf16_hd128_m64n128w4");
 }
 
+TEST(Dispatch, ConfigsWithTheirOwnVHeadDimServeOnlyTheDimsTheyCover) {
+  // head_dim is max(head_dim, head_dim_v), as problem_of builds it; head_dim_v 0 means the same.
+  auto name = [](int sm, flashcute_direction_t dir, int hd, int hd_v) {
+    Problem problem{dir, FLASHCUTE_BFLOAT16, hd};
+    problem.head_dim_v = hd_v;
+    KernelConfig const* c = select_config(problem, *arch::find_profile(sm), nullptr);
+    return std::string(c ? c->name : "none");
+  };
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 128), "sm90_fwd_bf16_hd192v128_m128n128w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 160, 128), "sm90_fwd_bf16_hd192v128_m128n128w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 192), "sm90_fwd_bf16_hd192_m128n96w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 0), "sm90_fwd_bf16_hd192_m128n96w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 136), "sm90_fwd_bf16_hd192_m128n96w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 128, 128), "sm90_fwd_bf16_hd128_m128n128w8");
+  // Neither the backward nor the portable family has such configs: they pad V to the larger head dim.
+  int count = 0;
+  KernelConfig const* table = all_configs(&count);
+  for (int i = 0; i < count; ++i)
+    if (table[i].head_dim_v != table[i].head_dim)
+      EXPECT_TRUE(table[i].family == Family::kSm90 && table[i].direction == FLASHCUTE_FORWARD) << table[i].name;
+  EXPECT_EQ(name(90, FLASHCUTE_BACKWARD, 192, 128), "sm90_bwd_bf16_hd192_m64n64w8");
+  EXPECT_EQ(name(80, FLASHCUTE_FORWARD, 192, 128).find("sm80_fwd_bf16_hd192_"), 0u);
+}
+
 TEST(Dispatch, HeadDimAbove256IsUnsupportedWithReason) {
   std::string why;
   EXPECT_EQ(select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 264}, *arch::find_profile(90), &why),

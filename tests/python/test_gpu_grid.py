@@ -60,10 +60,16 @@ def stable_seed(*parts):
     return zlib.crc32(repr(parts).encode())
 
 
+def dims_of(hd):
+    """(head_dim, head_dim_v) of a grid head dim: an int, or a pair where V's differs."""
+    return hd if isinstance(hd, tuple) else (hd, hd)
+
+
 def make_inputs(dtype, hd, feature, sq, sk, seed, batch=1, requires_grad=False):
     h, hkv = FEATURES[feature][:2]
+    d, dv = dims_of(hd)
     torch.manual_seed(seed % (2**31))
-    shapes = ((batch, sq, h, hd), (batch, sk, hkv, hd), (batch, sk, hkv, hd))
+    shapes = ((batch, sq, h, d), (batch, sk, hkv, d), (batch, sk, hkv, dv))
     return [torch.randn(s, device="cuda", dtype=dtype, requires_grad=requires_grad) for s in shapes]
 
 
@@ -87,7 +93,7 @@ def check_forward(q, k, v, out, lse, scale, causal, window, softcap):
 def run_case(dtype, hd, feature, sq, sk, arch=None, batch=1):
     _, _, causal, window, softcap = FEATURES[feature]
     q, k, v = make_inputs(dtype, hd, feature, sq, sk, stable_seed(dtype, hd, feature, sq, sk, arch), batch)
-    scale = 1.0 / math.sqrt(hd)
+    scale = 1.0 / math.sqrt(dims_of(hd)[0])
     with forced_arch(arch):
         poison_allocator(q.numel() * 2 + batch * q.shape[2] * sq * 4)
         out, lse = flashcute.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window,
@@ -100,7 +106,7 @@ def run_backward_case(dtype, hd, feature, sq, sk, with_dlse, arch=None, determin
     _, _, causal, window, softcap = FEATURES[feature]
     q, k, v = make_inputs(dtype, hd, feature, sq, sk, stable_seed(dtype, hd, feature, sq, sk, arch, 1),
                           requires_grad=True)
-    scale = 1.0 / math.sqrt(hd)
+    scale = 1.0 / math.sqrt(dims_of(hd)[0])
     with forced_arch(arch):
         out, lse = flashcute.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window,
                                              softcap=softcap, deterministic=deterministic)
@@ -135,6 +141,26 @@ def test_forward_grid(dtype, hd, feature, sq, sk):
 @pytest.mark.parametrize("arch", (80, 86, 89, 120))
 def test_forward_grid_forced_arch(arch, hd, feature, sq, sk):
     run_case(torch.bfloat16 if arch % 2 else torch.float16, hd, feature, sq, sk, arch=arch)
+
+
+# V's head dim apart from Q's and K's: DeepSeek's (192, 128), which has Hopper kernels of its own, and one that pads.
+HEAD_DIM_PAIRS = ((192, 128), (128, 64))
+
+
+@pytest.mark.parametrize("sq,sk", SEQ_PAIRS)
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("dims", HEAD_DIM_PAIRS, ids=lambda d: f"{d[0]}v{d[1]}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_forward_grid_head_dim_v(dtype, dims, feature, sq, sk):
+    run_case(dtype, dims, feature, sq, sk)
+
+
+@pytest.mark.parametrize("with_dlse", (True, False), ids=["dlse", "no_dlse"])
+@pytest.mark.parametrize("sq,sk", [(17, 113), (113, 17), (1013, 1013)])
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("dims", HEAD_DIM_PAIRS, ids=lambda d: f"{d[0]}v{d[1]}")
+def test_backward_grid_head_dim_v(dims, feature, sq, sk, with_dlse):
+    run_backward_case(torch.bfloat16, dims, feature, sq, sk, with_dlse)
 
 
 @pytest.mark.parametrize("hd", (40, 72, 136))

@@ -255,19 +255,21 @@ def test_gpu_decode_matches_cpu(page_size, dtype, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(128, 128), (192, 128)], ids=["128", "192v128"])
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_gpu_pages_read_in_place_match_contiguous_bits(page_size):
+def test_gpu_pages_read_in_place_match_contiguous_bits(page_size, dims):
     """The kernels read the pages in place (the C API's page_table): decode (split automatically on a 4k cache)
-    and a causal prefill over the same cache give the contiguous cache's bits."""
+    and a causal prefill over the same cache give the contiguous cache's bits; also where V's head dim differs."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    d, dv = dims
     lengths = torch.tensor([4096, 1000, 0], dtype=torch.int32, device="cuda")
-    kc, vc = (_rand(3, 4096, 8, 128, seed=s, dtype=torch.bfloat16, device="cuda") for s in (1, 2))
+    kc, vc = (_rand(3, 4096, 8, dim, seed=s, dtype=torch.bfloat16, device="cuda") for s, dim in ((1, d), (2, dv)))
     kp, table = _paged(kc.cpu(), page_size, seed=4)
     vp, _ = _paged(vc.cpu(), page_size, seed=4)
     kp, vp, table = kp.cuda(), vp.cuda(), table.cuda()
     for sq, causal in ((1, True), (3, False), (64, True)):
-        q = _rand(3, sq, 32, 128, seed=sq, dtype=torch.bfloat16, device="cuda")
+        q = _rand(3, sq, 32, d, seed=sq, dtype=torch.bfloat16, device="cuda")
         want = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=causal)
         got = flashcute.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lengths, page_table=table, causal=causal)
         for a, b in zip(got, want):
@@ -277,7 +279,7 @@ def test_gpu_pages_read_in_place_match_contiguous_bits(page_size):
 @pytest.mark.gpu
 def test_gpu_random_caches_keep_the_error_rule():
     """Random kvcache calls on the GPU (page sizes 1 to 256 or contiguous, GQA, 1 to 33 query rows, causal or a
-    window, softcap, sinks, 0 to 17 splits, empty sequences): per sequence within 2x of plain PyTorch's error in the
+    window, softcap, sinks, 0 to 17 splits, empty sequences, V's head dim apart): per sequence within 2x of plain PyTorch's error in the
     dtype against float64 (attn_ref), lse included."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -288,7 +290,8 @@ def test_gpu_random_caches_keep_the_error_rule():
     for case in range(40):
         dt = rng.choice([torch.float16, torch.bfloat16])
         batch, hkv, group = rng.randint(1, 4), rng.randint(1, 3), rng.choice([1, 2, 4])
-        d, sq = rng.choice([64, 96, 128, 256]), rng.choice([1, 1, 2, 7, 33])
+        dims, sq = rng.choice([64, 96, 128, 256, (192, 128)]), rng.choice([1, 1, 2, 7, 33])
+        d, dv = dims if isinstance(dims, tuple) else (dims, dims)
         page = rng.choice([None, 1, 3, 16, 64, 256])
         capacity = rng.randint(1, 1000)
         if page:
@@ -301,7 +304,8 @@ def test_gpu_random_caches_keep_the_error_rule():
         splits = rng.choice([0, 1, 2, 5, 17])
         arch = rng.choice([None, None, 80, 86, 89, 120])  # the portable kernels under each profile too
         q = _rand(batch, sq, hkv * group, d, seed=case, dtype=dt, device="cuda")
-        kc, vc = (_rand(batch, capacity, hkv, d, seed=100 * case + s, dtype=dt, device="cuda") for s in (1, 2))
+        kc, vc = (_rand(batch, capacity, hkv, dim, seed=100 * case + s, dtype=dt, device="cuda")
+                  for s, dim in ((1, d), (2, dv)))
         kw = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"), causal=causal,
                   window_size=window, softcap=softcap, learnable_sink=sink, num_splits=splits)
         with forced_arch(arch):
@@ -311,7 +315,7 @@ def test_gpu_random_caches_keep_the_error_rule():
                 kp, table = _paged(kc.cpu(), page, seed=case)
                 vp, _ = _paged(vc.cpu(), page, seed=case)
                 out, lse = flashcute.flash_attn_with_kvcache(q, kp.cuda(), vp.cuda(), page_table=table.cuda(), **kw)
-        what = f"case {case}: {dt} b{batch} hkv{hkv} g{group} d{d} sq{sq} page {page} cap {capacity} {lengths} " \
+        what = f"case {case}: {dt} b{batch} hkv{hkv} g{group} d{d}/{dv} sq{sq} page {page} cap {capacity} {lengths} " \
                f"causal {causal} window {window} softcap {softcap} sink {sink is not None} splits {splits} arch {arch}"
         for b, n in enumerate(lengths):
             args = (q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], d ** -0.5, causal, window, softcap)
