@@ -26,8 +26,10 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=
     # Must equal sizeof(SharedStorage) of the kernel; the kernel static_asserts it.
     dv = head_dim_v or head_dim
     if direction == "fwd":
-        if family == "sm90":  # two K/V stages, O where it fits (kOwnO), then the mbarriers padded to 1 KB
-            tiles = ((block_m + 2 * block_n) * head_dim + 2 * block_n * dv) * 2 + 1024
+        if family == "sm90":  # K/V stages (FwdTraits::kStages), O where it fits (kOwnO), mbarriers padded to 1 KB
+            def tiles_of(stages):
+                return ((block_m + stages * block_n) * head_dim + stages * block_n * dv) * 2 + 1024
+            tiles = tiles_of(3 if block_m == 64 and tiles_of(3) <= 227 * 1024 else 2)
             o = block_m * dv * 2
             return tiles + o if tiles + o <= 227 * 1024 else tiles
         return (block_m + 2 * block_n) * head_dim * 2

@@ -27,8 +27,10 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   static constexpr int kConsumerThreads = kWarps * 32;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kConsumerThreads + kProducerThreads;  // consumers first, the producer last
-  // Two K/V stages: three (hd64-128) measured no faster (bench/RESULTS.md, eighth session, run 4).
-  static constexpr int kStages = 2;
+  // Two K/V stages: three (hd64-128) measured no faster (bench/RESULTS.md, eighth session, run 4). The 64-row
+  // tile (decode: one CTA per SM whose loads, not its MMAs, set the pace) takes three where they fit.
+  static constexpr int kStages =
+      kBlockM == 64 && ((64 + 3 * kBlockN) * kHeadDim + 3 * kBlockN * kHeadDimV) * 2 + 1024 <= 227 * 1024 ? 3 : 2;
   static_assert(kBlockM % 64 == 0 && kConsumerThreads == 128 * (kBlockM / 64), "one warpgroup per 64 query rows");
   // setmaxnreg budgets (65536 registers per SM, one CTA): the producer only computes addresses. Key tiles wider
   // than 128 (tuning candidates) hold larger S accumulators: their consumers take 240 and the producer 24, FA3's
