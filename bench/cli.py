@@ -21,16 +21,21 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
 @dataclass(frozen=True)
 class Case:
-    """One attention shape: q, k, v are (b, s, h, d); Sq == Sk == s, H == Hkv."""
+    """One attention shape: q, k are (b, s, h, d), v (b, s, h, dv or d); Sq == Sk == s, H == Hkv."""
     dtype: str
     d: int
     causal: bool
     s: int
     b: int
     h: int
+    dv: int = None  # V's and O's head dim where it differs from d
+
+    def v_dim(self):
+        return self.dv or self.d
 
     def label(self):
-        return f"{self.dtype} d={self.d} {'causal' if self.causal else 'full'} s={self.s} b={self.b} h={self.h}"
+        dims = f"{self.d}/{self.dv}" if self.dv else f"{self.d}"
+        return f"{self.dtype} d={dims} {'causal' if self.causal else 'full'} s={self.s} b={self.b} h={self.h}"
 
 
 @dataclass
@@ -44,6 +49,7 @@ class Config:
     archs: list = field(default_factory=lambda: [None])
     libs: list = field(default_factory=list)
     configs: list = field(default_factory=list)
+    hdim_v: int = None
     tokens: int = 16384
     width: int = 2048
     quick: bool = False
@@ -129,6 +135,8 @@ def build_parser():
     g = p.add_argument_group("grid (comma lists; defaults: the full grid, or the quick one with --quick)")
     g.add_argument("--dtype", help="bf16,fp16")
     g.add_argument("--hdim", help="head dims, e.g. 64,128,256")
+    g.add_argument("--hdim-v", type=int, help="V's head dim for every case, where it differs (e.g. --hdim 192 "
+                                              "--hdim-v 128: DeepSeek's shape)")
     g.add_argument("--seqlen", help="e.g. 512,1k,2k,4k,8k,16k")
     g.add_argument("--causal", help="0,1 (also true/false, causal/full)")
     g.add_argument("--mode", default=",".join(MODES), help="fwd,bwd,fwdbwd (default all)")
@@ -187,7 +195,7 @@ def parse_args(argv=None):
         configs = _unique(_csv(a.config)) if a.config else []
     except ValueError as e:
         parser.error(str(e))
-    return Config(dtypes=dtypes, hdims=hdims, seqlens=seqlens, causals=causals, modes=modes, impls=impls,
+    return Config(dtypes=dtypes, hdims=hdims, hdim_v=a.hdim_v, seqlens=seqlens, causals=causals, modes=modes, impls=impls,
                   archs=archs, libs=libs, configs=configs, tokens=a.tokens, width=a.width, quick=a.quick, out=a.out, readme=a.readme,
                   plots=not a.no_plots, ceilings=not a.no_ceilings, dry_run=a.dry_run, from_json=a.from_json,
                   target_s=a.target_s if a.target_s is not None else (0.2 if a.quick else 0.3),
@@ -211,5 +219,6 @@ def build_cases(cfg):
             for causal in cfg.causals:
                 for s in cfg.seqlens:
                     cases.append(Case(dtype=dtype, d=d, causal=causal, s=s,
-                                      b=max(1, cfg.tokens // s), h=max(1, cfg.width // d)))
+                                      b=max(1, cfg.tokens // s), h=max(1, cfg.width // d),
+                                      dv=cfg.hdim_v if cfg.hdim_v and cfg.hdim_v != d else None))
     return cases

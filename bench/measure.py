@@ -19,8 +19,9 @@ def make_inputs(case, n_sets, seed=0):
     import torch
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
     g = torch.Generator(device="cuda").manual_seed(seed)
-    shape = (case.b, case.s, case.h, case.d)
-    return [tuple(torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    qk = (case.b, case.s, case.h, case.d)
+    vo = (case.b, case.s, case.h, case.v_dim())
+    return [tuple(torch.randn(shape, device="cuda", dtype=dtype, generator=g) for shape in (qk, qk, vo, vo))
             for _ in range(n_sets)]
 
 
@@ -69,7 +70,7 @@ def _timed_fn(impl, mode, sets, causal):
 def run_case(case, impls, modes, cfg, bar=None):
     """Records for every (impl, mode) of this case, in that order."""
     import torch
-    set_bytes = 4 * case.b * case.s * case.h * case.d * 2
+    set_bytes = 2 * case.b * case.s * case.h * (case.d + case.v_dim()) * 2
     sets = make_inputs(case, input_sets_for(set_bytes, l2_bytes(), lo=3))
     need_bwd = any(m in BWD_MODES for m in modes)
     ref_out, ref_grads = reference(*sets[0][:3], causal=case.causal, dout=sets[0][3] if need_bwd else None)
@@ -82,7 +83,7 @@ def run_case(case, impls, modes, cfg, bar=None):
                 for mode in modes:
                     status = fwd_st if mode == "fwd" or fwd_st != OK else bwd_st
                     rec = Record(impl=impl.label, backend=impl.backend, dtype=case.dtype, mode=mode, b=case.b,
-                                 h=case.h, s=case.s, d=case.d, causal=case.causal, status=status,
+                                 h=case.h, s=case.s, d=case.d, dv=case.dv, causal=case.causal, status=status,
                                  correct=None if status == NA else status == OK, err_out=err_out,
                                  err_grad=err_grad if mode != "fwd" else None, note=note)
                     if bar is not None:
@@ -106,5 +107,5 @@ def _time_into(rec, impl, mode, sets, case, cfg):
         rec.status, rec.note = NA, "timing: " + _short(e)
         return
     rec.ms, rec.reps = t.median_ms, t.reps
-    rec.tflops = F.tflops(F.attn_flops(case.b, case.h, case.s, case.s, case.d, causal=case.causal, mode=mode),
-                          t.median_ms)
+    rec.tflops = F.tflops(F.attn_flops(case.b, case.h, case.s, case.s, case.d, case.v_dim(), causal=case.causal,
+                                       mode=mode), t.median_ms)

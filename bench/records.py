@@ -16,6 +16,7 @@ class Record:
     d: int
     causal: bool
     status: str = NA   # OK, WRONG or NA
+    dv: int = None     # V's head dim where it differs from d
     ms: float = None
     tflops: float = None
     correct: bool = None   # None: not checked (unavailable)
@@ -33,7 +34,7 @@ class Record:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def shape_key(self):
-        return (self.dtype, self.mode, self.d, self.causal, self.s, self.b, self.h)
+        return (self.dtype, self.mode, self.d, self.dv, self.causal, self.s, self.b, self.h)
 
 
 FIELDS = [f.name for f in fields(Record)]

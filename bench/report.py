@@ -66,10 +66,10 @@ def table(records, dtype, mode, matmul_tflops=None):
     by_shape = {}
     for r in records:
         if r.dtype == dtype and r.mode == mode:
-            by_shape.setdefault((r.d, r.causal, r.s, r.b, r.h), {})[r.impl] = r
+            by_shape.setdefault((r.d, r.dv, r.causal, r.s, r.b, r.h), {})[r.impl] = r
     rows = []
-    for (d, causal, s, b, h), got in by_shape.items():
-        row = [str(d), "yes" if causal else "no", seqlen_label(s), str(b), str(h)]
+    for (d, dv, causal, s, b, h), got in by_shape.items():
+        row = [f"{d}/{dv}" if dv else str(d), "yes" if causal else "no", seqlen_label(s), str(b), str(h)]
         row += [cell(got.get(i)) for i in impls]
         row += [_ratio(got.get(o), got.get(p)) for o in ours for p in peers]
         if matmul_tflops:

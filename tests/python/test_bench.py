@@ -231,6 +231,19 @@ META = {"date": "2026-11-30 10:00 UTC", "gpu": "NVIDIA H200", "torch": "2.11.0",
         "command": "python bench/run.py --quick"}
 
 
+def test_hdim_v_gives_cases_flops_and_rows_of_their_own():
+    cfg = cli.parse_args(["--hdim", "192,128", "--hdim-v", "128", "--seqlen", "1k", "--causal", "0", "--dtype", "bf16"])
+    first, second = cli.build_cases(cfg)
+    assert (first.d, first.dv, first.v_dim()) == (192, 128, 128) and "d=192/128" in first.label()
+    assert second.dv is None and second.v_dim() == 128  # the same head dim: no V of its own
+    from bench import flops as F
+    assert F.attn_flops(1, 1, 8, 8, 192, 128) == F.attn_flops(1, 1, 8, 8, 160)
+    recs = [Record(impl="flashcute", backend="flashcute", dtype="bf16", mode="fwd", b=16, h=10, s=1024, d=192, dv=dv,
+                   causal=False, status=OK, ms=1.0, tflops=100.0, correct=True) for dv in (128, None)]
+    headers, rows = report.table(recs, "bf16", "fwd")
+    assert [dict(zip(headers, r))["hdim"] for r in rows] == ["192/128", "192"]
+
+
 def test_table_cells_ratios_and_share():
     recs = synthetic_records()
     headers, rows = report.table(recs, "bf16", "fwd", CEIL["matmul_tflops"])
