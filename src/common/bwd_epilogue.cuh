@@ -27,27 +27,30 @@ CUTE_DEVICE void load_row_terms(BwdKernelParams const& p, int b, int h, int m, f
   }
 }
 
-// dK and dV of the CTA's key tile, from accumulators partitioned by mma (scaled sums: dK still lacks the softmax
-// scale). GQA without determinism adds them into the float32 accumulators (converted later by
+// dK and dV of the CTA's key tile, from accumulators partitioned by mma_k and mma_v (dV's, at T::kHeadDimV
+// columns; scaled sums: dK still lacks the softmax scale). GQA without determinism adds them into the float32 accumulators (converted later by
 // bwd_postprocess_kernel); otherwise they go through K's and V's shared memory (sK, sV: every thread must be done
 // reading them) so the global stores are 16-byte vectors along rows.
-template <class T, class TiledMma, class Acc, class SK, class SV>
+template <class T, class MmaK, class MmaV, class AccK, class AccV, class SK, class SV>
 CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::kBlockN> const& blk,
-                             TiledMma const& mma, Acc& acc_dk, Acc& acc_dv, SK& sK, SV& sV) {
+                             MmaK const& mma_k, MmaV const& mma_v, AccK& acc_dk, AccV& acc_dv, SK& sK, SV& sV) {
   using Element = typename T::Element;
   constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kHeadDimV = T::kHeadDimV;
   auto tile_kv = Shape<Int<T::kBlockN>, Int<kHeadDim>>{};
-  auto thr = mma.get_thread_slice(threadIdx.x);
+  auto tile_v = Shape<Int<T::kBlockN>, Int<kHeadDimV>>{};
+  auto thr = mma_k.get_thread_slice(threadIdx.x);
+  auto thr_v = mma_v.get_thread_slice(threadIdx.x);
   if (blk.gqa && !blk.group_in_cta) {
     if (blk.num_iters == 0) return;  // the accumulators were zeroed by the preprocess
     int64_t const row_stride = (int64_t)p.nheads_kv * kHeadDim;
     int64_t const off = blk.kv_accum_offset(p);
     Tensor mdKacc = make_tensor(make_gmem_ptr(p.dk_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
                                 make_stride(row_stride, _1{}));  // (Sk_rounded, D)
-    Tensor mdVacc = make_tensor(make_gmem_ptr(p.dv_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDim>{}),
+    Tensor mdVacc = make_tensor(make_gmem_ptr(p.dv_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDimV>{}),
                                 make_stride(row_stride, _1{}));  // (Sk_rounded, Dv)
     Tensor tdKg = thr.partition_C(local_tile(mdKacc, tile_kv, make_coord(blk.n_block, 0)));  // (MMA, MMA_N, MMA_D)
-    Tensor tdVg = thr.partition_C(local_tile(mdVacc, tile_kv, make_coord(blk.n_block, 0)));
+    Tensor tdVg = thr_v.partition_C(local_tile(mdVacc, tile_v, make_coord(blk.n_block, 0)));
     atomic_add_fragment(tdKg, acc_dk);
     atomic_add_fragment(tdVg, acc_dv);
     return;
@@ -58,21 +61,23 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
   Tensor rdK = convert_to<Element>(acc_dk);
   Tensor rdV = convert_to<Element>(acc_dv);
   __syncthreads();
-  auto sts = make_tiled_copy_C(typename T::SmemStoreC{}, mma);
+  auto sts = make_tiled_copy_C(typename T::SmemStoreC{}, mma_k);
   auto sts_thr = sts.get_thread_slice(threadIdx.x);
   cute::copy(sts, sts_thr.retile_S(rdK), sts_thr.partition_D(sK));
-  cute::copy(sts, sts_thr.retile_S(rdV), sts_thr.partition_D(sV));
+  auto sts_v = make_tiled_copy_C(typename T::SmemStoreC{}, mma_v);
+  auto sts_v_thr = sts_v.get_thread_slice(threadIdx.x);
+  cute::copy(sts_v, sts_v_thr.retile_S(rdV), sts_v_thr.partition_D(sV));
   __syncthreads();
 
   int const key_rows = blk.key_rows(p);
   Tensor mdK = make_tensor(make_gmem_ptr(blk.template dk<Element>(p)), make_shape(key_rows, Int<kHeadDim>{}),
                            make_stride(p.dk_row_stride, _1{}));  // (Sk, D)
-  Tensor mdV = make_tensor(make_gmem_ptr(blk.template dv<Element>(p)), make_shape(key_rows, Int<kHeadDim>{}),
+  Tensor mdV = make_tensor(make_gmem_ptr(blk.template dv<Element>(p)), make_shape(key_rows, Int<kHeadDimV>{}),
                            make_stride(p.dv_row_stride, _1{}));  // (Sk, Dv)
   int const rows = key_rows - blk.n0;
   store_tile(typename T::GmemStore{}, sK, local_tile(mdK, tile_kv, make_coord(blk.n_block, 0)), tile_kv, rows,
              p.head_dim);
-  store_tile(typename T::GmemStore{}, sV, local_tile(mdV, tile_kv, make_coord(blk.n_block, 0)), tile_kv, rows,
+  store_tile(typename T::GmemStore{}, sV, local_tile(mdV, tile_v, make_coord(blk.n_block, 0)), tile_v, rows,
              p.head_dim_v);
 }
 

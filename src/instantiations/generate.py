@@ -40,7 +40,7 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=
         split = block_n == 64 and warps > 4
         stages = 2 if split else 3
         rows = (stages * (2 * block_m * 4 + 8) + 1023) // 1024 * 1024
-        tiles = stages * 2 * block_m * head_dim + 2 * block_n * head_dim + 2 * (2 if split else 1) * block_n * block_m
+        tiles = (stages * block_m + block_n) * (head_dim + dv) + 2 * (2 if split else 1) * block_n * block_m
         return tiles * 2 + rows
     if direction == "bwd":
         from kernels import bwd_smem_bytes  # defined with the backward entries

@@ -249,7 +249,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
-  store_dk_dv<T>(p, blk, mma_kv, acc_dk, acc_dv, sK, sV);
+  store_dk_dv<T>(p, blk, mma_kv, mma_kv, acc_dk, acc_dv, sK, sV);
 }
 
 // Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh).

@@ -61,6 +61,7 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   using Element = Element_;
   using Base = Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32>;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDim;  // V and dO are padded to Q's head dim
   static constexpr int kBlockM = kBlockM_;  // query rows per inner step
   static constexpr int kBlockN = kBlockN_;  // keys owned by one CTA
   static constexpr int kWarps = kWarps_;

@@ -32,6 +32,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kHeadDimV = T::kHeadDimV;
 
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
@@ -43,23 +44,25 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   int const b = blk.b, n0 = blk.n0, num_iters = blk.num_iters, num_general = blk.num_general;
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
+  auto tile_do = Shape<Int<kBlockM>, Int<kHeadDimV>>{};
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  auto tile_v = Shape<Int<kBlockN>, Int<kHeadDimV>>{};
   auto tile_st = Shape<Int<kBlockN>, Int<kBlockM>>{};  // S^T, dP^T
 
   Tensor mK = make_tensor(make_gmem_ptr(blk.template k<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(p.k_row_stride, _1{}));  // (Sk, D)
-  Tensor mV = make_tensor(make_gmem_ptr(blk.template v<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
+  Tensor mV = make_tensor(make_gmem_ptr(blk.template v<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDimV>{}),
                           make_stride(p.v_row_stride, _1{}));  // (Sk, Dv)
   Element const* q_base = blk.template q<Element>(p);
   Element const* do_base = blk.template dout<Element>(p);
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQs{});       // (kBlockM, D, stage)
   Tensor sQt = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQst{});     // (D, kBlockM, stage)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQs{});   // (kBlockM, Dv, stage)
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQst{}); // (Dv, kBlockM, stage)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});   // (kBlockM, Dv, stage)
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOst{}); // (Dv, kBlockM, stage)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});       // (kBlockN, D)
   Tensor sKt = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKt{});      // (D, kBlockN)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});       // (kBlockN, Dv)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutV{});        // (kBlockN, Dv)
   Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdSt{});   // (kBlockN, kBlockM, stage)
   Tensor sdS = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdS{});     // (kBlockM, kBlockN, stage)
   Tensor sPt = make_tensor(make_smem_ptr(smem.ds + (T::kSplitHeadDim ? cosize_v<typename T::SmemLayoutdSt> : 0)),
@@ -69,19 +72,22 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   auto load_thr = gmem_load.get_thread_slice(tid);
   // Copy predicates: thread 0's coordinates against bounds shifted by this thread's base (copy_base).
   Tensor tQcQ = copy_offsets(gmem_load, tile_q);     // (CPY, CPY_M, CPY_D)
+  Tensor tdOcdO = copy_offsets(gmem_load, tile_do);  // (CPY, CPY_M, CPY_Dv)
   Tensor tKVcKV = copy_offsets(gmem_load, tile_kv);  // (CPY, CPY_N, CPY_D)
+  Tensor tVcV = copy_offsets(gmem_load, tile_v);     // (CPY, CPY_N, CPY_Dv)
   int load_row, load_col;
   copy_base(load_thr, tile_q, load_row, load_col);
   Tensor tQsQ = load_thr.partition_D(sQ);    // (CPY, CPY_M, CPY_D, stage)
   Tensor tdOsdO = load_thr.partition_D(sdO);
 
-  // Q or dO rows of query tile m of head h into one stage, zero-filled past the sequence and head dim.
-  auto load_rows = [&](auto dst, Element const* base, int64_t head_stride, int64_t row_stride, int cols, int h,
-                       int m) __attribute__((always_inline)) {
-    Tensor mX = make_tensor(make_gmem_ptr(base + h * head_stride), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
-                            make_stride(row_stride, _1{}));  // (Sq, D)
-    Tensor tXgX = load_thr.partition_S(local_tile(mX, tile_q, make_coord(m, 0)));
-    copy_tile_zfill(gmem_load, tXgX, dst, tQcQ, seq.seqlen_q - m * kBlockM - load_row, cols - load_col);
+  // Q or dO rows (tile: Q's or dO's, coords: its copy offsets) of query tile m of head h into one stage,
+  // zero-filled past the sequence and head dim.
+  auto load_rows = [&](auto dst, auto tile, auto const& coords, Element const* base, int64_t head_stride,
+                       int64_t row_stride, int cols, int h, int m) __attribute__((always_inline)) {
+    Tensor mX = make_tensor(make_gmem_ptr(base + h * head_stride), make_shape(seq.seqlen_q, get<1>(tile)),
+                            make_stride(row_stride, _1{}));  // (Sq, D or Dv)
+    Tensor tXgX = load_thr.partition_S(local_tile(mX, tile, make_coord(m, 0)));
+    copy_tile_zfill(gmem_load, tXgX, dst, coords, seq.seqlen_q - m * kBlockM - load_row, cols - load_col);
   };
   // Q, dO and the lse_log2 and D of the rows of flat iteration `it` into its stage; the stage's mbarrier completes
   // once every thread's copies (these and any before) have landed.
@@ -89,18 +95,19 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     int h, m;
     blk.tile_of(it, h, m);
     int const stage = (ring + it) % T::kStages;
-    load_rows(tQsQ(_, _, _, stage), q_base, p.q_head_stride, p.q_row_stride, p.head_dim, h, m);
-    load_rows(tdOsdO(_, _, _, stage), do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, h, m);
+    load_rows(tQsQ(_, _, _, stage), tile_q, tQcQ, q_base, p.q_head_stride, p.q_row_stride, p.head_dim, h, m);
+    load_rows(tdOsdO(_, _, _, stage), tile_do, tdOcdO, do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v,
+              h, m);
     load_row_terms<kBlockM>(p, b, h, m, smem.rows + stage * 2 * kBlockM);
     cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
   };
 
   if (num_iters > 0) {
     Tensor tKgK = load_thr.partition_S(local_tile(mK, tile_kv, make_coord(n_block, 0)));  // (CPY, CPY_N, CPY_D)
-    Tensor tVgV = load_thr.partition_S(local_tile(mV, tile_kv, make_coord(n_block, 0)));
+    Tensor tVgV = load_thr.partition_S(local_tile(mV, tile_v, make_coord(n_block, 0)));
     copy_tile_zfill(gmem_load, tKgK, load_thr.partition_D(sK), tKVcKV, seq.seqlen_k - n0 - load_row,
                     p.head_dim - load_col);
-    copy_tile_zfill(gmem_load, tVgV, load_thr.partition_D(sV), tKVcKV, seq.seqlen_k - n0 - load_row,
+    copy_tile_zfill(gmem_load, tVgV, load_thr.partition_D(sV), tVcV, seq.seqlen_k - n0 - load_row,
                     p.head_dim_v - load_col);
     CUTE_UNROLL
     for (int it = 0; it < T::kStages - 1; ++it)
@@ -109,23 +116,25 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
 
   typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmaKV mma_kv;
+  typename T::TiledMmaV mma_dv;
   typename T::TiledMmaQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_kv = mma_kv.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
   // GMMA descriptors.
   Tensor tSrK = thr_sdp.make_fragment_A(thr_sdp.partition_A(sK));      // (MMA, MMA_N, MMA_D)
   Tensor tSrQ = thr_sdp.make_fragment_B(thr_sdp.partition_B(sQ));      // (MMA, MMA_M, MMA_D, stage)
   Tensor tPrV = thr_sdp.make_fragment_A(thr_sdp.partition_A(sV));      // (MMA, MMA_N, MMA_Dv)
   Tensor tPrdO = thr_sdp.make_fragment_B(thr_sdp.partition_B(sdO));    // (MMA, MMA_M, MMA_Dv, stage)
-  Tensor tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt));    // (MMA, MMA_Dv, MMA_M, stage)
+  Tensor tVrdOt = thr_dv.make_fragment_B(thr_dv.partition_B(sdOt));    // (MMA, MMA_Dv, MMA_M, stage)
   Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt));      // (MMA, MMA_D, MMA_M, stage)
   Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS));      // (MMA, MMA_M, MMA_N, stage)
-  Tensor tVsPt = thr_kv.make_fragment_A(thr_kv.partition_A(sPt));      // kSplitHeadDim: (MMA, MMA_N, MMA_M, stage)
+  Tensor tVsPt = thr_dv.make_fragment_A(thr_dv.partition_A(sPt));      // kSplitHeadDim: (MMA, MMA_N, MMA_M, stage)
   Tensor tKsdSt = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt));
 
   Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
-  Tensor acc_dv = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_Dv)
+  Tensor acc_dv = partition_fragment_C(mma_dv, tile_v);   // (MMA, MMA_N, MMA_Dv)
   clear(acc_dk);
   clear(acc_dv);
 
@@ -206,10 +215,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       store_ds_stage(rdS, tdSsdS);
       sync_smem_for_wgmma();  // every warpgroup's P^T and dS^T columns are in shared memory
       load_ahead();
-      warpgroup_issue<false, false>(mma_kv, tVsPt(_, _, _, ds_stage), tVrdOt(_, _, _, stage), acc_dv);
+      warpgroup_issue<false, false>(mma_dv, tVsPt(_, _, _, ds_stage), tVrdOt(_, _, _, stage), acc_dv);
     } else {
       Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
-      warpgroup_issue<false, true>(mma_kv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
+      warpgroup_issue<false, true>(mma_dv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
       store_ds_stage(rdS, tdSsdS);
       sync_smem_for_wgmma();  // every warpgroup's dS^T rows are in shared memory
       load_ahead();
@@ -255,7 +264,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     if (p.dq_turns && num_iters > 0) DqTurns::pass(turn, n_block + 1);
   }
   ring += num_iters;
-  store_dk_dv<T>(p, blk, mma_kv, acc_dk, acc_dv, sK, sV);
+  store_dk_dv<T>(p, blk, mma_kv, mma_dv, acc_dk, acc_dv, sK, sV);
 }
 
 // Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh).

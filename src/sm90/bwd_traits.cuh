@@ -21,10 +21,13 @@ using GmmaAtomK = std::conditional_t<
     std::conditional_t<kCols % 32 == 0, decltype(GMMA::Layout_K_SW64_Atom<Element>{}),
                        decltype(GMMA::Layout_K_SW32_Atom<Element>{})>>;
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+// kHeadDimV: V's, dO's and dV's head dim where it differs from Q's and K's (DeepSeek's 192 / 128; the default,
+// declared in bwd_launch.h, is kHeadDim).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kHeadDimV_>
 struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;  // query rows per step
   static constexpr int kBlockN = kBlockN_;  // keys owned by one CTA
   static constexpr int kWarps = kWarps_;
@@ -50,6 +53,8 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr bool kDqTurns = kSplitHeadDim;
   static_assert(kBlockM == 64, "dQ = dS K: one wgmma row block, its columns split over the warpgroups");
   static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
+  static_assert(kHeadDimV <= kHeadDim && kHeadDimV % (16 * kWarpgroups) == 0 &&
+                kHeadDimV % GmemCopies<Element_, kHeadDim_, kWarps_ * 32>::kRowChunk == 0);
 
   // Products, every one with 64 rows per wgmma:
   //   S^T = K Q^T, dP^T = V dO^T   (keys x queries; A and B K-major in shared memory)
@@ -61,14 +66,19 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kDimGroups>, Int<kHeadDim>>>(),
       Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
-  using KVShape = Shape<_64, Int<kHeadDim / kDimGroups>, Int<kBlockM>>;
-  using TiledMmaKV = decltype(make_tiled_mma(
+  // dK (kHeadDim columns) and dV (kHeadDimV).
+  template <int kCols>
+  using TiledMmaGrad = decltype(make_tiled_mma(
       std::conditional_t<kSplitHeadDim,
-                         decltype(GMMA::ss_op_selector<Element, Element, float, KVShape, GMMA::Major::K,
-                                                       GMMA::Major::MN>()),
-                         decltype(GMMA::rs_op_selector<Element, Element, float, KVShape, GMMA::Major::K,
-                                                       GMMA::Major::MN>())>{},
+                         decltype(GMMA::ss_op_selector<Element, Element, float,
+                                                       Shape<_64, Int<kCols / kDimGroups>, Int<kBlockM>>,
+                                                       GMMA::Major::K, GMMA::Major::MN>()),
+                         decltype(GMMA::rs_op_selector<Element, Element, float,
+                                                       Shape<_64, Int<kCols / kDimGroups>, Int<kBlockM>>,
+                                                       GMMA::Major::K, GMMA::Major::MN>())>{},
       Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
+  using TiledMmaKV = TiledMmaGrad<kHeadDim>;
+  using TiledMmaV = TiledMmaGrad<kHeadDimV>;
   // dQ in column chunks of kDqCols, each split over the warpgroups. One chunk serves up to hd192; hd256 takes four
   // (32 columns, 16 registers per thread each). ptxas on sm_90a, nvcc 13.0: hd256 with two chunks spilled 12 B.
   static constexpr int kDqChunks = kHeadDim == 256 ? 4 : 1;
@@ -95,8 +105,17 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQst = decltype(composition(
       SmemLayoutQs{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // dO as Q, at V's head dim.
+  using SmemLayoutdOs = decltype(tile_to_shape(GmmaAtomK<Element, kHeadDimV / kDimGroups>{},
+                                               Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+  using SmemLayoutdOst = decltype(composition(
+      SmemLayoutdOs{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
   using SmemLayoutKV =
       decltype(tile_to_shape(GmmaAtomK<Element, kDqColsPerWarpgroup>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V is read K-major by dP^T only (and holds dV in the epilogue).
+  using SmemLayoutV = std::conditional_t<
+      kHeadDimV == kHeadDim, SmemLayoutKV,
+      decltype(tile_to_shape(GmmaAtomK<Element, kHeadDimV>{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}))>;
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
   // dS^T (and P^T) are stored as the registers hold them (keys x queries, queries contiguous): read K-major by
@@ -114,9 +133,9 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   struct SharedStorage {
     // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).
     alignas(1024) Element q[cosize_v<SmemLayoutQs>];
-    alignas(1024) Element dout[cosize_v<SmemLayoutQs>];
+    alignas(1024) Element dout[cosize_v<SmemLayoutdOs>];
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];  // reused for dK in the epilogue
-    alignas(1024) Element v[cosize_v<SmemLayoutKV>];  // reused for dV in the epilogue
+    alignas(1024) Element v[cosize_v<SmemLayoutV>];   // reused for dV in the epilogue
     // dS^T (every stage), then (kSplitHeadDim) P^T (every stage).
     alignas(1024) Element ds[(kSplitHeadDim ? 2 : 1) * cosize_v<SmemLayoutdSt>];
     // Per Q stage: lse_log2 then D of its kBlockM rows (as in the portable family).
@@ -125,7 +144,7 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     uint64_t full[kStages];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == (2 * kStages * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim +
+  static_assert(kSmemBytes == (kStages * kBlockM * (kHeadDim + kHeadDimV) + kBlockN * (kHeadDim + kHeadDimV) +
                                 kDsStages * (kSplitHeadDim ? 2 : 1) * kBlockN * kBlockM) * 2 +
                                   ((kStages * (2 * kBlockM * 4 + 8) + 1023) / 1024) * 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
