@@ -120,6 +120,8 @@ BWD_SM90 = [
 FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 129 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
+    # (192, 128) with 112 keys per tile: room for the O buffer (the next tile's Q loads under the epilogue).
+    ("sm90", "fwd", (192, 128), 128, 112, 8, 1, 0, "candidate: 221 KB"),
 ]
 
 # Decode candidate of the portable forward (the only forward on A100 and RTX parts): 64 query rows, half the
