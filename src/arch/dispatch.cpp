@@ -46,6 +46,7 @@ KernelConfig const* select_config(Problem const& problem, arch::Profile const& p
   for (int i = 0; i < count; ++i) {
     KernelConfig const& c = table[i];
     if (c.direction != problem.direction || c.dtype != problem.dtype) continue;
+    if (c.priority <= 0) continue;  // tuning candidates run only where FLASHCUTE_CONFIG names them
     if (!covers(c, problem)) continue;
     any_head_dim = true;
     if ((c.min_rows && problem.rows < c.min_rows) || (c.max_rows && problem.rows > c.max_rows)) continue;

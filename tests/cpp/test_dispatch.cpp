@@ -47,6 +47,7 @@ TEST(Dispatch, WalkEveryProfileDtypeHeadDimDirection) {
           EXPECT_LE(c->smem_bytes, profile.smem_per_block_optin) << c->name;
           EXPECT_TRUE(config_fits(*c, profile)) << c->name;
           EXPECT_GE(c->head_dim, hd);
+          EXPECT_GT(c->priority, 0) << c->name << ": a tuning candidate runs only where FLASHCUTE_CONFIG names it";
           EXPECT_EQ(c->dtype, dtype);
           EXPECT_EQ(c->direction, dir);
           EXPECT_TRUE(names.count(c->name)) << c->name << " is not in the instantiation list";
@@ -113,6 +114,9 @@ TEST(Dispatch, ConfigsWithTheirOwnVHeadDimServeOnlyTheDimsTheyCover) {
     return std::string(c ? c->name : "none");
   };
   EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 128), "sm90_fwd_bf16_hd192v128_m128n128w8");
+  for (int hd_v : {0, 64, 128})  // nor do the tuning candidates, whatever they cover
+    for (int hd : {64, 128, 192})
+      EXPECT_EQ(name(90, FLASHCUTE_FORWARD, hd, hd_v).find("n112"), std::string::npos) << hd << " " << hd_v;
   EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 160, 128), "sm90_fwd_bf16_hd192v128_m128n128w8");
   EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 192), "sm90_fwd_bf16_hd192_m128n96w8");
   EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 0), "sm90_fwd_bf16_hd192_m128n96w8");
