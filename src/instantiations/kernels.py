@@ -92,7 +92,9 @@ FWD_SM90 = [
     ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "145 KB"),
     ("sm90", "fwd", 128, 128, 128, 8, 1, 3, "193 KB"),
     ("sm90", "fwd", 192, 128, 96, 8, 1, 3, "193 KB"),
-    # DeepSeek's (192, 128): V and O at their own head dim (a 128-wide P.V and O), 128 keys per tile as FA4 takes.
+    # DeepSeek's (192, 128): V and O at their own head dim (a 128-wide P.V and O), 128 keys per tile as FA4 takes:
+    # 1.05-1.29x the padded hd192 kernel; 112 keys (room for an O buffer) ran 0.56-0.87x these (bench/RESULTS.md,
+    # eighteenth session, runs 2-3).
     ("sm90", "fwd", (192, 128), 128, 128, 8, 1, 3, "209 KB"),
     ("sm90", "fwd", 256, 128, 64, 8, 1, 3, "193 KB"),
     # At most 64 query rows per head (decode, its query heads packed): one consumer warpgroup halves the MMA work per
@@ -111,7 +113,8 @@ BWD_SM90 = [
     ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "114 KB"),
     ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "194 KB (8 B)"),
     ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "178 KB"),
-    ("sm90", "bwd", (192, 128), 64, 64, 8, 1, 3, "154 KB: DeepSeek's (192, 128), V, dO and dV 128 wide"),
+    # DeepSeek's (192, 128): V, dO and dV 128 wide, 1.06-1.12x the padded hd192 kernel (eighteenth session, run 3).
+    ("sm90", "bwd", (192, 128), 64, 64, 8, 1, 3, "154 KB"),
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "226 KB"),
 ]
 
@@ -120,8 +123,6 @@ BWD_SM90 = [
 FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 129 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
-    # (192, 128) with 112 keys per tile: room for the O buffer (the next tile's Q loads under the epilogue).
-    ("sm90", "fwd", (192, 128), 128, 112, 8, 1, 0, "candidate: 221 KB"),
 ]
 
 # Decode candidate of the portable forward (the only forward on A100 and RTX parts): 64 query rows, half the
