@@ -195,8 +195,9 @@ def parse_args(argv=None):
         configs = _unique(_csv(a.config)) if a.config else []
     except ValueError as e:
         parser.error(str(e))
-    return Config(dtypes=dtypes, hdims=hdims, hdim_v=a.hdim_v, seqlens=seqlens, causals=causals, modes=modes, impls=impls,
-                  archs=archs, libs=libs, configs=configs, tokens=a.tokens, width=a.width, quick=a.quick, out=a.out, readme=a.readme,
+    return Config(dtypes=dtypes, hdims=hdims, hdim_v=a.hdim_v, seqlens=seqlens, causals=causals, modes=modes,
+                  impls=impls, archs=archs, libs=libs, configs=configs, tokens=a.tokens, width=a.width,
+                  quick=a.quick, out=a.out, readme=a.readme,
                   plots=not a.no_plots, ceilings=not a.no_ceilings, dry_run=a.dry_run, from_json=a.from_json,
                   target_s=a.target_s if a.target_s is not None else (0.2 if a.quick else 0.3),
                   warmup=a.warmup, min_reps=a.min_reps, max_reps=a.max_reps,

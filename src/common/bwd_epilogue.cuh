@@ -28,9 +28,9 @@ CUTE_DEVICE void load_row_terms(BwdKernelParams const& p, int b, int h, int m, f
 }
 
 // dK and dV of the CTA's key tile, from accumulators partitioned by mma_k and mma_v (dV's, at T::kHeadDimV
-// columns; scaled sums: dK still lacks the softmax scale). GQA without determinism adds them into the float32 accumulators (converted later by
-// bwd_postprocess_kernel); otherwise they go through K's and V's shared memory (sK, sV: every thread must be done
-// reading them) so the global stores are 16-byte vectors along rows.
+// columns; scaled sums: dK still lacks the softmax scale). GQA without determinism adds them into the float32
+// accumulators (converted later by bwd_postprocess_kernel); otherwise they go through K's and V's shared memory
+// (sK, sV: every thread must be done reading them) so the global stores are 16-byte vectors along rows.
 template <class T, class MmaK, class MmaV, class AccK, class AccV, class SK, class SV>
 CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::kBlockN> const& blk,
                              MmaK const& mma_k, MmaV const& mma_v, AccK& acc_dk, AccV& acc_dv, SK& sK, SV& sV) {

@@ -14,8 +14,8 @@
 namespace flashcute::sm90 {
 
 // The TMA copy of a (seqlen, head_dim, heads, batch) tensor, kRows x kCols at a time into SmemLayout (a whole K
-// stage by default; V's take its own layout and head dim). The API guarantees 16-byte aligned rows; a stride of 0 (only on a dimension of size 1 here, see
-// tma_serves) becomes 16 bytes, which TMA accepts.
+// stage by default; V's take its own layout and head dim). The API guarantees 16-byte aligned rows; a stride of 0
+// (only on a dimension of size 1 here, see tma_serves) becomes 16 bytes, which TMA accepts.
 template <class T, class SmemLayout = decltype(take<0, 2>(typename T::SmemLayoutKV{})), int kRows = T::kBlockN,
           int kCols = T::kHeadDim>
 auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch, int64_t row_stride,

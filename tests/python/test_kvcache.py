@@ -279,8 +279,8 @@ def test_gpu_pages_read_in_place_match_contiguous_bits(page_size, dims):
 @pytest.mark.gpu
 def test_gpu_random_caches_keep_the_error_rule():
     """Random kvcache calls on the GPU (page sizes 1 to 256 or contiguous, GQA, 1 to 33 query rows, causal or a
-    window, softcap, sinks, 0 to 17 splits, empty sequences, V's head dim apart): per sequence within 2x of plain PyTorch's error in the
-    dtype against float64 (attn_ref), lse included."""
+    window, softcap, sinks, 0 to 17 splits, empty sequences, V's head dim apart): per sequence within 2x of plain
+    PyTorch's error in the dtype against float64 (attn_ref), lse included."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     import random
