@@ -58,7 +58,7 @@ def attention(q, k_pages, v_pages, page_table, used, args, learnable_sink, num_s
     packed = q.reshape(batch, seqlen_q, heads_kv, group, d).transpose(2, 3).reshape(batch, rows, heads_kv, d)
     out, lse = ops.paged_fwd(packed, k_pages, v_pages, page_table, used, *args, None, num_splits, group)
     dv = out.shape[-1]
-    # Unpack rows (i, j) back to query row i of head hk * group + j.
+    # Unpack rows (i, j) back to query row i of head hk * group + j (a view where seqlen_q is 1: ops._paged_out).
     out = out.reshape(batch, seqlen_q, group, heads_kv, dv).transpose(2, 3).reshape(batch, seqlen_q, nheads, dv)
     lse = lse.reshape(batch, heads_kv, seqlen_q, group).transpose(2, 3).reshape(batch, nheads, seqlen_q)
     return out, lse

@@ -364,6 +364,17 @@ def _paged_params(q, k_pages, v_pages, out, lse, dtype, args, page_table, sequse
     return p
 
 
+def _paged_out(q, head_dim_v, packed_gqa):
+    """paged_fwd's out (batch, rows, nheads, head_dim_v). Packed decode with one query row per head (rows =
+    packed_gqa) gets it in the unpacked order, row j of K/V head h at query head h * packed_gqa + j, so unpacking it
+    is a view and not a copy (a separate kernel, about 2 us, per decode step)."""
+    batch, rows, nheads, _ = q.shape
+    if packed_gqa > 1 and rows == packed_gqa:
+        return q.new_empty_strided((batch, rows, nheads, head_dim_v),
+                                   (rows * nheads * head_dim_v, head_dim_v, rows * head_dim_v, 1))
+    return q.new_empty((batch, rows, nheads, head_dim_v))
+
+
 @torch.library.custom_op("flashcute::paged_fwd", mutates_args=(), schema=_PAGED_FWD_SCHEMA)
 def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, seqused_k: Optional[Tensor],
               softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
@@ -378,26 +389,26 @@ def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, s
     args = (softmax_scale, causal, window_left, window_right, softcap)
     batch, seqlen_q, nheads, _ = q.shape
     table, used = (None if t is None else t.contiguous() for t in (page_table, seqused_k))
+    out = _paged_out(q, v_pages.shape[3], packed_gqa)
     if q.device.type == "cuda":
-        out = q.new_empty((batch, seqlen_q, nheads, v_pages.shape[3]))
         lse = q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
         run_forward(q, k_pages, v_pages, out, lse, args, sink=learnable_sink,
                     paged=(table, used, num_splits, packed_gqa))
         return out, lse
     q64, k64, v64, sink64 = (_f64(t) for t in (q, k_pages, v_pages, learnable_sink))
-    out = torch.empty((batch, seqlen_q, nheads, v_pages.shape[3]), dtype=torch.float64)
+    out64 = torch.empty((batch, seqlen_q, nheads, v_pages.shape[3]), dtype=torch.float64)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float64)
-    p = _paged_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, table, used, num_splits, packed_gqa)
+    p = _paged_params(q64, k64, v64, out64, lse, _capi.FLOAT64, args, table, used, num_splits, packed_gqa)
     p.learnable_sink = _ptr(sink64)
     _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
-    return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
+    return out.copy_(out64), lse.to(_lse_dtype(q.dtype))
 
 
 @paged_fwd.register_fake
 def _(q, k_pages, v_pages, page_table, seqused_k, softmax_scale, causal, window_left, window_right, softcap,
       learnable_sink=None, num_splits=0, packed_gqa=0):
     batch, seqlen_q, nheads, _ = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads, v_pages.shape[3]))
+    out = _paged_out(q, v_pages.shape[3], packed_gqa)
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
 
 
