@@ -21,11 +21,6 @@ using namespace flashcute;
 
 namespace {
 
-Problem problem_of(flashcute_direction_t dir, flashcute_fwd_params const& p) {
-  return Problem{dir, p.dtype, (int)(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v), (int)p.seqlen_q,
-                 (int)p.head_dim_v};
-}
-
 static_assert(Mask::kUnbounded == FLASHCUTE_WINDOW_UNBOUNDED, "the C API's unbounded window side is Mask's");
 
 FwdKernelParams kernel_params(flashcute_fwd_params const& p) {

@@ -51,10 +51,9 @@ flashcute_status_t explain(flashcute_direction_t direction, flashcute_fwd_params
     if (auto s = current_profile(&profile, &device_sm)) return s;
     origin = profile->sm == device_sm ? "device" : "forced by FLASHCUTE_ARCH on sm_" + std::to_string(device_sm);
   }
-  int const hd = (int)(params->head_dim > params->head_dim_v ? params->head_dim : params->head_dim_v);
+  Problem const problem = problem_of(direction, *params);
+  int const hd = problem.head_dim;
   std::string why;
-  Problem problem{direction, params->dtype, hd};
-  problem.head_dim_v = (int)params->head_dim_v;
   KernelConfig const* c = select_config(problem, *profile, &why,
                                         sm > 0 ? nullptr : std::getenv("FLASHCUTE_CONFIG"), config_built);
   std::string text = std::string(profile->name) + " (" + origin + "), " +

@@ -17,6 +17,12 @@ struct Problem {
   int v_dim() const { return head_dim_v ? head_dim_v : head_dim; }
 };
 
+// The problem a forward or backward call poses to dispatch (the call's entry points and flashcute_explain alike).
+inline Problem problem_of(flashcute_direction_t dir, flashcute_fwd_params const& p) {
+  return Problem{dir, p.dtype, (int)(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v), (int)p.seqlen_q,
+                 (int)p.head_dim_v};
+}
+
 // Whether cfg's tile covers the problem's head dims (Q/K's and V's).
 inline bool covers(KernelConfig const& cfg, Problem const& problem) {
   return cfg.head_dim >= problem.head_dim && cfg.head_dim_v >= problem.v_dim();

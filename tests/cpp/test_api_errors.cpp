@@ -189,6 +189,13 @@ TEST(ApiErrors, InfoCallsWork) {
   ASSERT_EQ(flashcute_explain(FLASHCUTE_FORWARD, &p.fwd, 120, buf, sizeof buf), FLASHCUTE_SUCCESS);
   EXPECT_NE(std::string(buf).find("sm80_fwd_bf16_hd128"), std::string::npos) << buf;
   EXPECT_EQ(flashcute_explain(FLASHCUTE_FORWARD, &p.fwd, 120, buf, 4), FLASHCUTE_ERROR_INVALID_ARGUMENT);
+  // explain poses the call's own problem, query rows included: few rows take the 64-row Hopper tile (ROW_RANGES)
+  p.fwd.seqlen_q = 32;
+  ASSERT_EQ(flashcute_explain(FLASHCUTE_FORWARD, &p.fwd, 90, buf, sizeof buf), FLASHCUTE_SUCCESS);
+  EXPECT_NE(std::string(buf).find("sm90_fwd_bf16_hd128_m64n128w4"), std::string::npos) << buf;
+  p.fwd.seqlen_q = 4096;
+  ASSERT_EQ(flashcute_explain(FLASHCUTE_FORWARD, &p.fwd, 90, buf, sizeof buf), FLASHCUTE_SUCCESS);
+  EXPECT_NE(std::string(buf).find("sm90_fwd_bf16_hd128_m128n128w8"), std::string::npos) << buf;
   EXPECT_NE(std::string(flashcute_version()), "");
   EXPECT_NE(std::string(flashcute_build_info()).find("CUDA targets"), std::string::npos);
   EXPECT_STREQ(flashcute_status_string(FLASHCUTE_ERROR_NOT_BUILT), "kernel not built");
