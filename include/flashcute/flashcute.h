@@ -51,7 +51,7 @@ typedef enum flashcute_status {
   FLASHCUTE_ERROR_NOT_BUILT = 3,        /* the config exists but this binary holds no code for it / this GPU */
   FLASHCUTE_ERROR_NO_DEVICE = 4,        /* no CUDA device, or the driver is missing */
   FLASHCUTE_ERROR_ARCH_REFUSED = 5,     /* FLASHCUTE_ARCH names a profile this device cannot run */
-  FLASHCUTE_ERROR_WORKSPACE = 6,        /* workspace missing or too small */
+  FLASHCUTE_ERROR_WORKSPACE = 6,        /* workspace missing, too small or not 16-byte aligned */
   FLASHCUTE_ERROR_CUDA = 7              /* a CUDA runtime call failed */
 } flashcute_status_t;
 
@@ -109,9 +109,10 @@ typedef struct flashcute_fwd_params {
      seqlen_q/k and the sequences' lengths, else an OR of flashcute_varlen_flag bits; no host synchronisation. */
   int32_t* varlen_status;
 
-  void* workspace; /* device memory of flashcute_fwd_workspace_size bytes. Varlen and split-KV calls need it (the
-                      clamped per-sequence table, the partials); the rest of it, a counter for the Hopper forward's
-                      persistent tile scheduler, a call may go without (NULL or fewer bytes: one CTA per tile) */
+  void* workspace; /* device memory of flashcute_fwd_workspace_size bytes, 16-byte aligned (as cudaMalloc's).
+                      Varlen and split-KV calls need it (the clamped per-sequence table, the partials); the rest of
+                      it, a counter for the Hopper forward's persistent tile scheduler, a call may go without (NULL or
+                      fewer bytes: one CTA per tile) */
   size_t workspace_size;
 
   /* Optional learnable sink (GPT-OSS's attention sinks): nheads logits, one per query head, that join every row's
@@ -165,7 +166,7 @@ typedef struct flashcute_bwd_params {
 
   int deterministic; /* 1: bit-identical gradients across runs (its workspace grows with the device's SM count) */
 
-  void* workspace; /* device memory of at least flashcute_bwd_workspace_size bytes */
+  void* workspace; /* device memory of at least flashcute_bwd_workspace_size bytes, 16-byte aligned */
   size_t workspace_size;
 
   /* With fwd.learnable_sink: its gradient (nheads, lse's element type), written; NULL: not computed. */

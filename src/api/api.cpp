@@ -156,6 +156,8 @@ flashcute_status_t check_workspace(void const* workspace, size_t given, size_t n
     return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be at least " + std::to_string(needed) +
                                                " bytes (see the workspace_size functions), got " +
                                                std::to_string(workspace ? given : 0));
+  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    return fail(FLASHCUTE_ERROR_WORKSPACE, "workspace must be 16-byte aligned (as cudaMalloc returns it)");
   return FLASHCUTE_SUCCESS;
 }
 

@@ -25,7 +25,7 @@ extern "C" char const* flashcute_status_string(flashcute_status_t status) {
     case FLASHCUTE_ERROR_NOT_BUILT: return "kernel not built";
     case FLASHCUTE_ERROR_NO_DEVICE: return "no CUDA device";
     case FLASHCUTE_ERROR_ARCH_REFUSED: return "arch profile refused";
-    case FLASHCUTE_ERROR_WORKSPACE: return "workspace too small";
+    case FLASHCUTE_ERROR_WORKSPACE: return "workspace too small or misaligned";
     case FLASHCUTE_ERROR_CUDA: return "CUDA error";
   }
   return "unknown status";

@@ -434,6 +434,10 @@ TEST(GpuKernelsVarlen, HostPointersAreRefused) {
   p.workspace = work.ptr, p.workspace_size = bytes;
   EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_SUCCESS) << flashcute_last_error();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Exact roomy(bytes + 16);
+  p.workspace = static_cast<char*>(roomy.ptr) + 4, p.workspace_size = bytes + 12;
+  EXPECT_EQ(flashcute_fwd(&p, nullptr), FLASHCUTE_ERROR_WORKSPACE) << "a workspace off 16-byte alignment";
+  EXPECT_NE(std::string(flashcute_last_error()).find("16-byte aligned"), std::string::npos) << flashcute_last_error();
 }
 
 // ---------------------------------------------------------------------------------------------------------------
