@@ -48,6 +48,25 @@ def test_contiguous_cache_matches_each_sequence(causal):
     assert lse.shape == (3, 4, 2) and lse.is_contiguous()
 
 
+def test_one_row_decode_unpacks_as_a_view():
+    """Packed decode with one query row per head: paged_fwd's out already lies in the unpacked head order, and its
+    fake op gives the same strides (opcheck), so unpacking costs no copy."""
+    from flashcute import ops
+    q, kc, vc = _rand(2, 1, 8, 16), _rand(2, 40, 2, 16, seed=1), _rand(2, 40, 2, 16, seed=2)
+    lengths = torch.tensor([40, 9], dtype=torch.int32)
+    out, lse = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True)
+    ref_out, ref_lse = _per_sequence(q, kc, vc, [40, 9], causal=True)
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-12, atol=1e-12)
+    assert out.is_contiguous() and lse.is_contiguous()
+    packed = q.reshape(2, 1, 2, 4, 16).transpose(2, 3).reshape(2, 4, 2, 16)  # rows j: query head hk * 4 + j
+    table = torch.arange(2, dtype=torch.int32)[:, None]
+    args = (packed, kc, vc, table, lengths, 0.25, True, ops.WINDOW_UNBOUNDED, ops.WINDOW_UNBOUNDED, 0.0, None, 0, 4)
+    pout, _ = ops.paged_fwd(*args)
+    assert pout.stride() == (8 * 16, 16, 4 * 16, 1)
+    torch.library.opcheck(ops.paged_fwd, args)
+
+
 @pytest.mark.parametrize("page_size", [1, 5, 16])
 def test_paged_cache_is_bit_identical_to_contiguous(page_size):
     q, kc, vc = _rand(2, 3, 4, 8), _rand(2, 80, 2, 8, seed=1), _rand(2, 80, 2, 8, seed=2)
