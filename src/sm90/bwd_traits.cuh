@@ -9,17 +9,11 @@
 
 #include "common/cute_utils.cuh"
 #include "sm90/bwd_launch.h"
+#include "sm90/wgmma.cuh"
 
 namespace flashcute::sm90 {
 
 using namespace cute;
-
-// The K-major GMMA atom whose swizzle width (64, 32 or 16 elements of 16 bits) divides `cols`.
-template <class Element, int kCols>
-using GmmaAtomK = std::conditional_t<
-    kCols % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
-    std::conditional_t<kCols % 32 == 0, decltype(GMMA::Layout_K_SW64_Atom<Element>{}),
-                       decltype(GMMA::Layout_K_SW32_Atom<Element>{})>>;
 
 // kHeadDimV: V's, dO's and dV's head dim where it differs from Q's and K's (DeepSeek's 192 / 128; the default,
 // declared in bwd_launch.h, is kHeadDim).

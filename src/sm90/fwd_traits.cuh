@@ -9,6 +9,7 @@
 #include "common/cute_utils.cuh"
 #include "sm90/fwd_launch.h"
 #include "sm90/pipeline.cuh"
+#include "sm90/wgmma.cuh"
 
 namespace flashcute::sm90 {
 
@@ -50,10 +51,8 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
 
   // Rows of 128 bytes (64 elements) take the 128-byte swizzle; head dims that are odd multiples of 32 the 64-byte
   // one. The same atom serves Q and K (K-major operands) and, read transposed, V (the MN-major B of P.V).
-  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
-                                      decltype(GMMA::Layout_K_SW64_Atom<Element>{})>;
-  using SmemAtomV = std::conditional_t<kHeadDimV % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
-                                       decltype(GMMA::Layout_K_SW64_Atom<Element>{})>;
+  using SmemAtom = GmmaAtomK<Element, kHeadDim>;
+  using SmemAtomV = GmmaAtomK<Element, kHeadDimV>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));

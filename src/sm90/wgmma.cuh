@@ -3,12 +3,22 @@
 // most N of this warpgroup's groups are still running; sync_smem_for_wgmma() orders shared-memory writes before them.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
 namespace flashcute::sm90 {
 
 using namespace cute;
+
+// The K-major GMMA shared-memory atom whose swizzle width (64, 32 or 16 elements of 16 bits) divides kCols, the
+// operand's columns (or the column slice one MMA reads).
+template <class Element, int kCols>
+using GmmaAtomK = std::conditional_t<
+    kCols % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
+    std::conditional_t<kCols % 32 == 0, decltype(GMMA::Layout_K_SW64_Atom<Element>{}),
+                       decltype(GMMA::Layout_K_SW32_Atom<Element>{})>>;
 
 // kZeroInit: the first k-slice overwrites acc instead of adding to it (no clear needed). kRegA: A holds register
 // values (P), not shared-memory descriptors. Until the matching wait, neither acc nor a register A may be touched.
