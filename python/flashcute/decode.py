@@ -32,8 +32,8 @@ def choose_splits(num_splits, batch, heads, rows, capacity, device):
     query tile per head. heads: the heads of the call (the K/V heads when packed), rows: each head's query rows.
     One wave beat two full ones: batch 1 against 128k keys (8 K/V heads) read the cache at 95% of the copy
     ceiling in 16 chunks, 92% in 32 and 77% in 128 (bench/RESULTS.md, nineteenth session, run 2, with a combine
-    whose cost no longer grows with the chunks). Prefill rows against their own cache are not split: a causal 1k prefill at batch 1 ran 2.5x
-    slower in two chunks than flash_attn_func (fifteenth session, run 3)."""
+    whose cost no longer grows with the chunks). Prefill rows against their own cache are not split: a causal 1k
+    prefill at batch 1 ran 2.5x slower in two chunks than flash_attn_func (fifteenth session, run 3)."""
     if num_splits > 0:
         return min(num_splits, 256, max(1, 65535 // max(batch, 1)))
     if device.type != "cuda" or capacity < 1024 or rows > 128:
