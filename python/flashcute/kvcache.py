@@ -34,9 +34,7 @@ def _contiguous_table(batch, device):
     that a decode step does not launch a kernel to make it (a graph node of about 1.5 us beside a 13-17 us step at
     4k keys). torch.compile traces its own; a capture uses the kept one, or makes one it does not keep (it would be
     filled only when the graph runs). Kept tables are complete before they are handed out (one sync, once)."""
-    if torch.compiler.is_compiling():
-        return torch.arange(batch, device=device, dtype=torch.int32)[:, None]
-    table = _CONTIGUOUS_TABLES.get((device, batch))
+    table = None if torch.compiler.is_compiling() else _CONTIGUOUS_TABLES.get((device, batch))
     if table is None:
         table = torch.arange(batch, device=device, dtype=torch.int32)[:, None]
         if _host_checks_allowed(device):
