@@ -8,14 +8,18 @@ try:
 except ModuleNotFoundError:  # the ctypes layer and `python -m flashcute.info` work without torch
     _torch = None
 else:  # (as _torch: the name flashcute.torch belongs to the PyTorch provider submodule)
-    from . import ops as _ops
+    from . import compat as _compat, ops as _ops
+    from .combine import flash_attn_combine
     from .kvcache import flash_attn_with_kvcache
 if _torch is None:
     def flash_attn_with_kvcache(*args, **kwargs):
         raise ModuleNotFoundError("flash_attn_with_kvcache needs torch")
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_backward", "version",
-           "build_info", "FlashCuteError"]
+    def flash_attn_combine(*args, **kwargs):
+        raise ModuleNotFoundError("flash_attn_combine needs torch")
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_combine",
+           "flash_attn_backward", "version", "build_info", "FlashCuteError"]
 
 
 def _arguments(q, softmax_scale, causal, window_size, softcap, deterministic):
@@ -37,7 +41,8 @@ def _no_autograd(name, tensors):
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
-                    deterministic=False, out=None, lse=None, learnable_sink=None):
+                    deterministic=False, out=None, lse=None, learnable_sink=None, *, num_splits=1, pack_gqa=None,
+                    qv=None, gather_kv_indices=None, return_lse=True):
     """Attention over q (B, Sq, H, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv); returns (out, lse).
 
     out is (B, Sq, H, Dv) in q's dtype; lse is (B, H, Sq) float32 (float64 for float64 inputs), natural log.
@@ -53,12 +58,17 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
     learnable_sink (H,): a logit per query head that joins every row's softmax denominator (GPT-OSS's attention
     sinks); lse includes it, a row that sees no key gives out 0 and lse = sink, and it gets a gradient. CPU tensors
     run the float64 reference; the GPU kernels of both families take it in float32.
+
+    FlashAttention-4's keywords (flashcute.compat): num_splits and pack_gqa are checked and left to flashcute's
+    dispatch here (the same attention; flash_attn_with_kvcache splits), qv and gather_kv_indices must be None, and
+    return_lse=False returns lse detached from autograd (FA4's backward then ignores its gradient).
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_func needs torch")
+    _compat.check_hints(num_splits, pack_gqa, qv=qv, gather_kv_indices=gather_kv_indices)
     args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
     if out is None and lse is None:
-        return _ops.fwd(q, k, v, *args, learnable_sink)
+        return _compat.with_lse_grad(_ops.fwd(q, k, v, *args, learnable_sink), return_lse)
     if learnable_sink is not None:
         raise ValueError("learnable_sink cannot be combined with out=/lse= yet")
     _no_autograd("flash_attn_func(out=, lse=)", (q, k, v))
@@ -88,10 +98,11 @@ def flash_attn_backward(dout, q, k, v, out, lse, dlse=None, softmax_scale=None, 
     return dq, dk, dv
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax_scale=None, causal=False,
                            window_size=(None, None), softcap=0.0, deterministic=False, seqused_k=None,
                            max_seqlen_q=None, max_seqlen_k=None, seqused_q=None, out=None, lse=None,
-                           learnable_sink=None):
+                           learnable_sink=None, *, page_table=None, num_splits=0, pack_gqa=None, min_seqlen_k=None,
+                           qv=None, gather_kv_indices=None, scheduler_metadata=None, return_lse=True):
     """Attention over sequences packed along the rows: q (total_q, H, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv).
 
     cu_seqlens_q / cu_seqlens_k are int32 (batch + 1) offsets of each sequence's first row (sequence b is rows
@@ -108,29 +119,64 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=No
     taken.
 
     out= and lse= are buffers to write into, as for flash_attn_func (without autograd); learnable_sink as there.
+
+    FlashAttention-4's forms (flashcute.compat): cu_seqlens_q=None takes q as a padded batch (B, Sq, H, D) whose
+    seqused_q counts each sequence's queries, and returns out (B, Sq, H, Dv) and lse (B, H, Sq); cu_seqlens_k=None
+    likewise for k and v with seqused_k. page_table (batch, max_pages) int32 takes k and v as a paged KV cache
+    (num_pages, page_size, Hkv, D) with seqused_k its lengths: flash_attn_with_kvcache's call, forward only, where
+    num_splits (0: chosen) splits the keys; elsewhere num_splits, pack_gqa and min_seqlen_k are hints. qv,
+    gather_kv_indices and scheduler_metadata must be None; return_lse as flash_attn_func's; max_seqlen_q /
+    max_seqlen_k may be one-element integer tensors.
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_varlen_func needs torch")
+    _compat.check_hints(num_splits, pack_gqa, min_seqlen_k, qv=qv, gather_kv_indices=gather_kv_indices,
+                        scheduler_metadata=scheduler_metadata)
+    max_seqlen_q = _compat.max_seqlen(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = _compat.max_seqlen(max_seqlen_k, "max_seqlen_k")
+    if page_table is not None:
+        if cu_seqlens_k is not None or seqused_q is not None or out is not None or lse is not None:
+            raise ValueError("with page_table, k and v are the cache's pages and seqused_k its lengths: "
+                             "cu_seqlens_k, seqused_q, out= and lse= are not taken")
+        if cu_seqlens_q is None and max_seqlen_q is not None and isinstance(q, _torch.Tensor) and q.dim() == 4 \
+                and max_seqlen_q != q.shape[1]:
+            raise ValueError(f"max_seqlen_q = {max_seqlen_q} must be q's seqlen {q.shape[1]} without cu_seqlens_q")
+        result = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k, page_table=page_table,
+                                         cu_seqlens_q=cu_seqlens_q, softmax_scale=softmax_scale, causal=causal,
+                                         window_size=window_size, softcap=softcap, num_splits=num_splits,
+                                         learnable_sink=learnable_sink,
+                                         max_seqlen_q=None if cu_seqlens_q is None else max_seqlen_q)
+        return _compat.with_lse_grad(result, return_lse)
     if (max_seqlen_q is None) != (max_seqlen_k is None):
         raise ValueError("max_seqlen_q and max_seqlen_k must be given together")
-    maxima = []
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        maxima.append(-1 if value is None else int(value))
     scale, causal, left, right, softcap, deterministic = _arguments(q, softmax_scale, causal, window_size, softcap,
                                                                     deterministic)
-    seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
-    if out is None and lse is None:
-        return _ops.varlen_fwd(q, k, v, *seqs, *maxima, scale, causal, left, right, softcap, deterministic,
-                               learnable_sink)
-    if learnable_sink is not None:
-        raise ValueError("learnable_sink cannot be combined with out=/lse= yet")
-    _no_autograd("flash_attn_varlen_func(out=, lse=)", (q, k, v))
-    _ops._check_varlen(q, k, v, *seqs, *maxima)
-    if out is None:
-        out = q.new_empty((*q.shape[:2], v.shape[2]))
-    if lse is None:
-        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_ops._lse_dtype(q.dtype))
-    _ops.varlen_fwd_into(q, k, v, out, lse, *seqs, *maxima, scale, causal, left, right, softcap)
-    return out, lse
+    if out is not None or lse is not None:
+        if learnable_sink is not None:
+            raise ValueError("learnable_sink cannot be combined with out=/lse= yet")
+        _no_autograd("flash_attn_varlen_func(out=, lse=)", (q, k, v))
+
+    def packed(q, k, v, cu_q, cu_k, max_q, max_k, out, lse):
+        maxima = []
+        for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+            maxima.append(-1 if value is None else int(value))
+        seqs = (cu_q, cu_k, seqused_k, seqused_q)
+        if out is None and lse is None:
+            return _ops.varlen_fwd(q, k, v, *seqs, *maxima, scale, causal, left, right, softcap, deterministic,
+                                   learnable_sink)
+        _ops._check_varlen(q, k, v, *seqs, *maxima)
+        if out is None:
+            out = q.new_empty((*q.shape[:2], v.shape[2]))
+        if lse is None:
+            lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_ops._lse_dtype(q.dtype))
+        _ops.varlen_fwd_into(q, k, v, out, lse, *seqs, *maxima, scale, causal, left, right, softcap)
+        return out, lse
+
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        result = _compat.batched_varlen(packed, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                                        lse)
+    else:
+        result = packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse)
+    return result if out is not None or lse is not None else _compat.with_lse_grad(result, return_lse)
