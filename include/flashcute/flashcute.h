@@ -200,6 +200,12 @@ flashcute_status_t flashcute_reference_bwd(const flashcute_bwd_params* params);
 flashcute_status_t flashcute_explain(flashcute_direction_t direction, const flashcute_fwd_params* params, int sm,
                                      char* buffer, size_t buffer_size);
 
+/* The forward config dispatch would choose for this problem, as numbers: *ctas_per_sm, the CTAs per multiprocessor its
+   tile is sized for (dispatch only picks it where that many fit), and *multiprocessors, the current device's count
+   (0 for a requested sm). sm as for flashcute_explain. What a caller choosing num_splits needs to fill one wave. */
+flashcute_status_t flashcute_fwd_occupancy(const flashcute_fwd_params* params, int sm, int* ctas_per_sm,
+                                           int* multiprocessors);
+
 /* One line per known arch profile, or the profile of sm (sm > 0). */
 flashcute_status_t flashcute_arch_profiles(int sm, char* buffer, size_t buffer_size);
 

@@ -75,6 +75,7 @@ _PROTOTYPES = {
     "flashcute_reference_fwd": (c_int, [_FWD_P]),
     "flashcute_reference_bwd": (c_int, [_BWD_P]),
     "flashcute_explain": (c_int, [c_int, _FWD_P, c_int, c_char_p, c_size_t]),
+    "flashcute_fwd_occupancy": (c_int, [_FWD_P, c_int, ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
     "flashcute_arch_profiles": (c_int, [c_int, c_char_p, c_size_t]),
     "flashcute_status_string": (c_char_p, [c_int]),
     "flashcute_last_error": (c_char_p, []),
@@ -148,6 +149,13 @@ def _call_text(fn, *args, size=1 << 14):
 
 def explain(direction, params, sm=0):
     return _call_text(lib().flashcute_explain, direction, ctypes.byref(params), sm)
+
+
+def fwd_occupancy(params, sm=0):
+    """(CTAs per SM of the forward config dispatch picks for params, the current device's SM count)."""
+    ctas, sms = c_int(0), c_int(0)
+    check(lib().flashcute_fwd_occupancy(ctypes.byref(params), sm, ctypes.byref(ctas), ctypes.byref(sms)))
+    return ctas.value, sms.value
 
 
 def arch_profiles(sm=0):

@@ -13,8 +13,6 @@ A contiguous cache is passed as pages too, one page of capacity rows per sequenc
 kernels over the same key chunks: their results are bit-identical."""
 import math
 
-import torch
-
 
 def packs(learnable_sink, group, seqlen_q):
     """Whether the query heads of a K/V head share one tile (see the module docstring): where packed rows fill the
@@ -26,21 +24,26 @@ def packs(learnable_sink, group, seqlen_q):
     return group > 1 and learnable_sink is None and filled(seqlen_q) < 0.9 * filled(seqlen_q * group)
 
 
-def choose_splits(num_splits, batch, heads, rows, capacity, device):
-    """num_splits as given (at most 256, the C API's limit), or for 0 as many chunks of >= 512 keys as one wave of
-    one CTA per SM holds (1 on the CPU, where the reference ignores splits), for decode-shaped calls only: one
-    query tile per head. heads: the heads of the call (the K/V heads when packed), rows: each head's query rows.
-    One wave beat two full ones: batch 1 against 128k keys (8 K/V heads) read the cache at 95% of the copy
-    ceiling in 16 chunks, 92% in 32 and 77% in 128 (bench/RESULTS.md, nineteenth session, run 2, with a combine
-    whose cost no longer grows with the chunks). Prefill rows against their own cache are not split: a causal 1k
-    prefill at batch 1 ran 2.5x slower in two chunks than flash_attn_func (fifteenth session, run 3)."""
-    if num_splits > 0:
-        return min(num_splits, 256, max(1, 65535 // max(batch, 1)))
-    if device.type != "cuda" or capacity < 1024 or rows > 128:
+def limit_splits(num_splits, batch):
+    """A given num_splits within the C API's limits (at most 256, and 65535 CTAs along the batch); 0 stays 0, which
+    the GPU op resolves with choose_splits and the CPU reference takes as unsplit."""
+    return min(num_splits, 256, max(1, 65535 // max(batch, 1))) if num_splits > 0 else 0
+
+
+def choose_splits(batch, heads, rows, capacity, wave):
+    """num_splits = 0 on the GPU: as many chunks of >= 512 keys as one wave holds, for decode-shaped calls only (one
+    query tile per head). heads: the call's (the K/V heads when packed), rows: each head's query rows, wave: the
+    CTAs that run at once (SMs x the CTAs per SM of the tile dispatch picks, flashcute_fwd_occupancy).
+    One wave beat two full ones on the Hopper tile (one CTA per SM): batch 1 against 128k keys (8 K/V heads) read
+    the cache at 95% of the copy ceiling in 16 chunks, 92% in 32 and 77% in 128 (bench/RESULTS.md, nineteenth
+    session, run 2, with a combine whose cost no longer grows with the chunks); the portable 64-row tiles hold two
+    CTAs per SM, and at batch 1 read at 80% in their one wave (32 chunks) against 59% in 16 (twentieth session, run
+    5). Prefill rows against their own cache are not split: a causal 1k prefill at batch 1 ran 2.5x slower in two
+    chunks than flash_attn_func (fifteenth session, run 3)."""
+    if capacity < 1024 or rows > 128:
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles = batch * heads * math.ceil(rows / 128)
-    return max(1, min(sms // max(tiles, 1), capacity // 512, 64))
+    return max(1, min(wave // max(tiles, 1), capacity // 512, 64))
 
 
 def attention(q, k_pages, v_pages, page_table, used, args, learnable_sink, num_splits, pack):

@@ -212,7 +212,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         page_table = _contiguous_table(batch, device)
     group = q.shape[2] // k_cache.shape[2]
     pack = decode.packs(learnable_sink, group, seqlen_q)
-    splits = decode.choose_splits(num_splits, batch, k_cache.shape[2] if pack else q.shape[2],
-                                  seqlen_q * (group if pack else 1), capacity, device)
     return decode.attention(q, k_cache, v_cache, page_table, used, (scale, causal, window_left, window_right, softcap),
-                            learnable_sink, splits, pack)
+                            learnable_sink, decode.limit_splits(num_splits, batch), pack)

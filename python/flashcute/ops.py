@@ -353,14 +353,21 @@ _PAGED_FWD_SCHEMA = ("(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_tab
 
 def _paged_params(q, k_pages, v_pages, out, lse, dtype, args, page_table, seqused_k, num_splits, packed_gqa):
     """The C API's paged forward: sequence b's keys live in the pages page_table[b, :] names, its first
-    seqused_k[b] of them (all max_pages * page_size without seqused_k) taking part; num_splits: split-KV;
-    packed_gqa: q's rows are packed query heads (the C API's packed_gqa)."""
+    seqused_k[b] of them (all max_pages * page_size without seqused_k) taking part; num_splits: split-KV (0 on the
+    GPU: one wave of the dispatched tile, decode.choose_splits); packed_gqa: q's rows are packed query heads (the C
+    API's packed_gqa)."""
     p = _fwd_params(q, k_pages, v_pages, out, lse, dtype, *args)
     p.num_splits, p.packed_gqa = num_splits, packed_gqa
     p.seqlen_k = page_table.shape[1] * k_pages.shape[1]
     p.page_table, p.page_table_batch_stride = _ptr(page_table), page_table.stride(0)
     p.page_size, p.num_pages = k_pages.shape[1], k_pages.shape[0]
     p.seqused_k = _ptr(seqused_k)
+    if num_splits == 0 and q.device.type == "cuda":  # chosen here, where the dispatched tile is known
+        from . import decode
+        with torch.cuda.device(q.device):
+            ctas, sms = _capi.fwd_occupancy(p)
+        batch, rows, heads, _ = q.shape
+        p.num_splits = decode.choose_splits(batch, heads, rows, p.seqlen_k, ctas * sms)
     return p
 
 
@@ -382,7 +389,8 @@ def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, s
               packed_gqa: int = 0) -> tuple[Tensor, Tensor]:
     """Forward over a paged KV cache (no gradient): q (batch, seqlen_q, nheads, D); k_pages / v_pages (num_pages,
     page_size, nheads_kv, D); page_table (batch, max_pages) int32; num_splits > 1: the keys of each sequence in
-    that many chunks, combined by the library (split-KV); packed_gqa > 1: q holds nheads_kv heads of packed_gqa query
+    that many chunks, combined by the library (split-KV; 0 on the GPU: as many as fill one wave, _paged_params);
+    packed_gqa > 1: q holds nheads_kv heads of packed_gqa query
     heads each, row i * packed_gqa + j of head h being query row i of head h * packed_gqa + j (the masks see row i).
     The C library checks the arguments."""
     _check_sink(q, learnable_sink, q.shape[2])

@@ -33,32 +33,40 @@ std::string describe(arch::Profile const& p) {
          caps + "]";
 }
 
-flashcute_status_t explain(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm, char* buffer,
-                           size_t buffer_size) {
-  clear_error();
+// What dispatch picks for `params` on the profile of sm (> 0) or of the current device (0, honouring FLASHCUTE_ARCH
+// and FLASHCUTE_CONFIG): *config (null, with *why, where nothing serves the problem), its profile and where that
+// profile came from.
+flashcute_status_t selected(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm,
+                            KernelConfig const** config, arch::Profile const** profile, std::string* origin,
+                            std::string* why) {
   if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
   if (direction != FLASHCUTE_FORWARD && direction != FLASHCUTE_BACKWARD)
     return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "direction must be FLASHCUTE_FORWARD or FLASHCUTE_BACKWARD");
   if (auto s = validate_problem(*params, Target::kDevice)) return s;
-  arch::Profile const* profile = nullptr;
-  std::string origin;
   if (sm > 0) {
-    profile = arch::find_profile(sm);
-    if (!profile) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "sm " + std::to_string(sm) + " has no profile");
-    origin = "requested";
+    *profile = arch::find_profile(sm);
+    if (!*profile) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "sm " + std::to_string(sm) + " has no profile");
+    *origin = "requested";
   } else {
     int device_sm = 0;
-    if (auto s = current_profile(&profile, &device_sm)) return s;
-    origin = profile->sm == device_sm ? "device" : "forced by FLASHCUTE_ARCH on sm_" + std::to_string(device_sm);
+    if (auto s = current_profile(profile, &device_sm)) return s;
+    *origin = (*profile)->sm == device_sm ? "device" : "forced by FLASHCUTE_ARCH on sm_" + std::to_string(device_sm);
   }
-  Problem const problem = problem_of(direction, *params);
-  int const hd = problem.head_dim;
-  std::string why;
-  KernelConfig const* c = select_config(problem, *profile, &why,
-                                        sm > 0 ? nullptr : std::getenv("FLASHCUTE_CONFIG"), config_built);
+  *config = select_config(problem_of(direction, *params), **profile, why,
+                          sm > 0 ? nullptr : std::getenv("FLASHCUTE_CONFIG"), config_built);
+  return FLASHCUTE_SUCCESS;
+}
+
+flashcute_status_t explain(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm, char* buffer,
+                           size_t buffer_size) {
+  clear_error();
+  KernelConfig const* c = nullptr;
+  arch::Profile const* profile = nullptr;
+  std::string origin, why;
+  if (auto s = selected(direction, params, sm, &c, &profile, &origin, &why)) return s;
   std::string text = std::string(profile->name) + " (" + origin + "), " +
-                     (direction == FLASHCUTE_FORWARD ? "forward" : "backward") + ", head_dim " + std::to_string(hd) +
-                     ": ";
+                     (direction == FLASHCUTE_FORWARD ? "forward" : "backward") + ", head_dim " +
+                     std::to_string(problem_of(direction, *params).head_dim) + ": ";
   if (!c) return copy_out(text + why, buffer, buffer_size);
   bool const built = config_built(*c);
   text += std::string(c->name) + " (tile " + std::to_string(c->block_m) + "x" + std::to_string(c->block_n) + ", " +
@@ -85,6 +93,23 @@ flashcute_status_t flashcute_arch_profiles(int sm, char* buffer, size_t buffer_s
 flashcute_status_t flashcute_explain(flashcute_direction_t direction, flashcute_fwd_params const* params, int sm,
                                      char* buffer, size_t buffer_size) {
   return guarded([&] { return explain(direction, params, sm, buffer, buffer_size); });
+}
+
+flashcute_status_t flashcute_fwd_occupancy(flashcute_fwd_params const* params, int sm, int* ctas_per_sm,
+                                           int* multiprocessors) {
+  return guarded([&] {
+    clear_error();
+    if (!ctas_per_sm || !multiprocessors)
+      return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "ctas_per_sm and multiprocessors must not be NULL");
+    KernelConfig const* c = nullptr;
+    arch::Profile const* profile = nullptr;
+    std::string origin, why;
+    if (auto s = selected(FLASHCUTE_FORWARD, params, sm, &c, &profile, &origin, &why)) return s;
+    if (!c) return fail(FLASHCUTE_ERROR_UNSUPPORTED, why);
+    *ctas_per_sm = c->ctas_per_sm;
+    *multiprocessors = sm > 0 ? 0 : current_sm_count();
+    return FLASHCUTE_SUCCESS;
+  });
 }
 
 char const* flashcute_build_info(void) {

@@ -34,6 +34,14 @@ FWD_SM80 = [
     ("sm80", "fwd", 192, 64, 64, 4, 1, 1, "72 KB for 99 KB parts"),
     ("sm80", "fwd", 256, 128, 64, 8, 1, 2, "128 KB, 8 warps: 163/227 KB parts only"),
     ("sm80", "fwd", 256, 64, 64, 4, 1, 1, "96 KB: fits 99 KB parts"),
+    # hd128 with at most 64 query rows per head (decode, its query heads packed; ROW_RANGES, where the 128-row tiles
+    # above serve the rest, so the Hopper tiles' higher priorities still win on sm_90): at 128 rows the
+    # mma.sync work of a K/V tile takes about as long as its load at the H200's per-SM bandwidth, so the 128-row
+    # tiles read a decode cache at 23-46% of the copy ceiling. Under the occupancy-faithful emulation (bench/RESULTS.md,
+    # twentieth session, run 5; batch 64, 32k-128k keys) 64x128 (FA2's split-KV tile) read at 79-88% on the 163 KB
+    # profile, two CTAs per SM, and 60-64% on the 99 KB one, one CTA; 64x64 at 74-78% on both, two CTAs.
+    ("sm80", "fwd", 128, 64, 128, 4, 2, 2, "80 KB, up to 64 query rows: two CTAs on 163/227 KB parts"),
+    ("sm80", "fwd", 128, 64, 64, 4, 2, 1, "48 KB, up to 64 query rows: two CTAs on 99 KB parts"),
 ]
 
 # Backward, portable mma.sync path (FA2's design: one CTA per key tile, dQ added into a float32 workspace).
@@ -125,11 +133,6 @@ FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
 ]
 
-# Decode candidate of the portable forward (the only forward on A100 and RTX parts): 64 query rows, half the
-# mma.sync work per K/V tile of the 128-row tiles, for packed decode rows against long caches (priority 0).
-FWD_SM80_CANDIDATES = [
-    ("sm80", "fwd", 128, 64, 64, 4, 2, 0, "candidate (decode): 48 KB"),
-]
 
 # Query rows per head (min, max; None: unbounded) outside which a config does not compete in dispatch (a forced
 # FLASHCUTE_CONFIG still runs it). Keyed by (family, direction, head_dim, block_m, block_n, warps); every other
@@ -137,9 +140,13 @@ FWD_SM80_CANDIDATES = [
 ROW_RANGES = {
     ("sm90", "fwd", 64, 192, 128, 12): (4096, None),
     ("sm90", "fwd", 128, 64, 128, 4): (None, 64),
+    ("sm80", "fwd", 128, 128, 64, 4): (65, None),
+    ("sm80", "fwd", 128, 128, 32, 4): (65, None),
+    ("sm80", "fwd", 128, 64, 128, 4): (None, 64),
+    ("sm80", "fwd", 128, 64, 64, 4): (None, 64),
 }
 
-KERNELS = FWD_SM80 + FWD_SM80_CANDIDATES + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
+KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
 
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
 # (both dtypes' code paths, both tile sets, tuning candidates left out).

@@ -196,6 +196,18 @@ TEST(ApiErrors, InfoCallsWork) {
   p.fwd.seqlen_q = 4096;
   ASSERT_EQ(flashcute_explain(FLASHCUTE_FORWARD, &p.fwd, 90, buf, sizeof buf), FLASHCUTE_SUCCESS);
   EXPECT_NE(std::string(buf).find("sm90_fwd_bf16_hd128_m128n128w8"), std::string::npos) << buf;
+  // fwd_occupancy: the CTAs per SM of the same choice (a requested profile has no multiprocessor count).
+  int ctas = -1, sms = -1;
+  p.fwd.seqlen_q = 4;
+  ASSERT_EQ(flashcute_fwd_occupancy(&p.fwd, 90, &ctas, &sms), FLASHCUTE_SUCCESS);
+  EXPECT_EQ(ctas, 1);  // the 161 KB Hopper decode tile
+  EXPECT_EQ(sms, 0);
+  ASSERT_EQ(flashcute_fwd_occupancy(&p.fwd, 80, &ctas, &sms), FLASHCUTE_SUCCESS);
+  EXPECT_EQ(ctas, 2);  // the portable 64-row tiles
+  ASSERT_EQ(flashcute_fwd_occupancy(&p.fwd, 120, &ctas, &sms), FLASHCUTE_SUCCESS);
+  EXPECT_EQ(ctas, 2);
+  expect_error(flashcute_fwd_occupancy(&p.fwd, 80, nullptr, &sms), FLASHCUTE_ERROR_INVALID_ARGUMENT, "ctas_per_sm");
+  expect_error(flashcute_fwd_occupancy(nullptr, 80, &ctas, &sms), FLASHCUTE_ERROR_INVALID_ARGUMENT, "params");
   EXPECT_NE(std::string(flashcute_version()), "");
   EXPECT_NE(std::string(flashcute_build_info()).find("CUDA targets"), std::string::npos);
   EXPECT_STREQ(flashcute_status_string(FLASHCUTE_ERROR_NOT_BUILT), "kernel not built");

@@ -97,6 +97,16 @@ TEST(Dispatch, EveryRowCountFindsAConfigAndRangesApply) {
   EXPECT_EQ(name(128, 65), "sm90_fwd_bf16_hd128_m128n128w8");
   EXPECT_EQ(name(64, 4095), "sm90_fwd_bf16_hd64_m128n128w8");
   EXPECT_EQ(name(64, 4096), "sm90_fwd_bf16_hd64_m192n128w12");
+  // The portable 64-row decode tiles: 64x128 where two 80 KB CTAs fit an SM, 64x64 on the 99 KB parts.
+  auto portable = [&](int sm, int rows) {
+    KernelConfig const* c = select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128, rows},
+                                          *arch::find_profile(sm), nullptr);
+    return std::string(c ? c->name : "none");
+  };
+  EXPECT_EQ(portable(80, 4), "sm80_fwd_bf16_hd128_m64n128w4");
+  EXPECT_EQ(portable(80, 65), "sm80_fwd_bf16_hd128_m128n64w4");
+  EXPECT_EQ(portable(120, 64), "sm80_fwd_bf16_hd128_m64n64w4");
+  EXPECT_EQ(portable(86, 65), "sm80_fwd_bf16_hd128_m128n32w4");
   // Ranges are dispatch's preference: a forced config runs at any rows.
   std::string why;
   KernelConfig const* forced = select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128, 4096}, hopper, &why,

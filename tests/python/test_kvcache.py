@@ -195,18 +195,21 @@ def test_decode_split_and_packed_gqa(num_splits, with_sink):
 
 
 def test_split_and_pack_choices():
-    """decode.py's choices: a given num_splits kept within the C API's limits (256, and 65535 CTAs along the batch);
-    0 means unsplit on the CPU; GQA packing with every mask (the kernels see the packed rows' query rows) but not
-    with a sink, and only for few query rows."""
+    """decode.py's choices: a given num_splits kept within the C API's limits (256, and 65535 CTAs along the batch),
+    0 left for the op to choose; the choice fills one wave (SMs x CTAs per SM) with chunks of >= 512 keys for one
+    query tile per head, and never splits a prefill; GQA packing with every mask (the kernels see the packed rows'
+    query rows) but not with a sink, and only for few query rows."""
     from flashcute import decode
-    cpu = torch.device("cpu")
-    assert decode.choose_splits(3, 2, 8, 4, 4096, cpu) == 3
-    assert decode.choose_splits(1000, 2, 8, 4, 4096, cpu) == 256
-    assert decode.choose_splits(200, 1000, 8, 4, 4096, cpu) == 65
-    assert decode.choose_splits(0, 1, 8, 4, 1 << 17, cpu) == 1
-    # More than one query tile per head (a prefill against the cache) is never split, on any device; the rule
-    # answers before it would ask the GPU for its SM count.
-    assert decode.choose_splits(0, 1, 32, 1024, 1 << 17, torch.device("cuda")) == 1
+    assert decode.limit_splits(3, 2) == 3
+    assert decode.limit_splits(1000, 2) == 256
+    assert decode.limit_splits(200, 1000) == 65
+    assert decode.limit_splits(0, 7) == 0
+    assert decode.choose_splits(1, 8, 4, 1 << 17, 132) == 16  # one CTA per SM (the Hopper decode tile)
+    assert decode.choose_splits(1, 8, 4, 1 << 17, 264) == 33  # two (the portable 64-row tiles)
+    assert decode.choose_splits(64, 8, 4, 1 << 17, 264) == 1  # the tiles fill the GPU themselves
+    assert decode.choose_splits(1, 8, 4, 2048, 264) == 4  # chunks of at least 512 keys
+    assert decode.choose_splits(1, 8, 4, 1000, 264) == 1  # short caches are not split
+    assert decode.choose_splits(1, 32, 1024, 1 << 17, 264) == 1  # more than one query tile per head: a prefill
     assert decode.packs(None, 4, 1) and decode.packs(None, 4, 64)
     assert not decode.packs(torch.zeros(8), 4, 1)  # one sink logit per query head
     assert not decode.packs(None, 1, 1)
