@@ -1,6 +1,6 @@
-"""CUDA graphs and torch.compile on the GPU path: capture + replay of forward and backward (fixed length and varlen
-with device-side offsets) gives eager's bits; torch.compile (inductor, and reduce-overhead, which captures graphs
-itself) gives eager's values. Skipped without CUDA."""
+"""CUDA graphs and torch.compile on the GPU path: capture + replay of forward and backward (fixed length, varlen
+with device-side offsets, and FlashAttention-4's padded varlen form) gives eager's bits; torch.compile (inductor,
+and reduce-overhead, which captures graphs itself) gives eager's values. Skipped without CUDA."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -94,6 +94,21 @@ def test_graph_varlen_device_offsets(mode, deterministic):
     capture_and_compare(step, varlen_inputs, mode, exact_grads=deterministic)
 
 
+def padded_step(used_q, used_k, deterministic):
+    """FlashAttention-4's padded form of flash_attn_varlen_func (no offsets; seqused per sequence): no host read."""
+    def step(q, k, v, dout, dlse):
+        out, lse = flash_attn_varlen_func(q, k, v, seqused_q=used_q, seqused_k=used_k, causal=True,
+                                          deterministic=deterministic)
+        return (out, lse, *torch.autograd.grad((out, lse), (q, k, v), (dout, dlse)))
+    return step
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_graph_varlen_padded_batch(deterministic):
+    used = [torch.tensor(n, dtype=torch.int32, device="cuda") for n in ((1024, 300), (700, 1024))]
+    capture_and_compare(padded_step(*used, deterministic), fixed_inputs, "global", exact_grads=deterministic)
+
+
 def test_graph_varlen_without_maxima_is_refused_clearly():
     q, k, v, _, _ = varlen_inputs(torch.Generator(device="cuda").manual_seed(1))
     cu_q, cu_k = offsets(LENGTHS_Q), offsets(LENGTHS_K)
@@ -121,6 +136,26 @@ def test_compile_on_the_gpu(mode):
         got = [t.clone() for t in compiled(*leaves)]
     want = step(*(t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)))
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_compile_varlen_padded_batch():
+    """The padded varlen form traces whole (fullgraph) under torch.compile; its backward then runs from the
+    compiled graph."""
+    torch._dynamo.reset()
+    q, k, v, dout, dlse = fixed_inputs(torch.Generator(device="cuda").manual_seed(4))
+    used_q = torch.tensor([1024, 300], dtype=torch.int32, device="cuda")
+    used_k = torch.tensor([700, 1024], dtype=torch.int32, device="cuda")
+
+    def fwd(q, k, v):
+        return flash_attn_varlen_func(q, k, v, seqused_q=used_q, seqused_k=used_k, causal=True, deterministic=True)
+
+    results = []
+    for f in (torch.compile(fwd, fullgraph=True), fwd):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = f(*leaves)
+        results.append((out, lse, *torch.autograd.grad((out, lse), leaves, (dout, dlse))))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
         torch.testing.assert_close(a, b, msg=name)
 
 
