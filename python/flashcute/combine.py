@@ -42,9 +42,9 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None, cu_se
     out_partial (num_splits, batch, seqlen, heads, dim) or packed (num_splits, total_q, heads, dim); lse_partial the
     same without dim (natural log; -inf for a split that saw no key). Returns (out, lse): out (batch, seqlen, heads,
     dim) or (total_q, heads, dim) in out_dtype (out_partial's by default; into out= when given), and lse (batch,
-    seqlen, heads) or (total_q, heads) in float32 (float64 for float64 partials), or None with return_lse=False. Rows every split left at -inf give out 0
-    and lse -inf. cu_seqlens (packed) and seqused restrict the rows written: the others are left as they are in out=
-    (zero in a new out) and -inf in lse.
+    seqlen, heads) or (total_q, heads) in float32 (float64 for float64 partials), or None with return_lse=False.
+    Rows every split left at -inf give out 0 and lse -inf. cu_seqlens (packed) and seqused restrict the rows
+    written: the others are left as they are in out= (zero in a new out) and -inf in lse.
     """
     if not isinstance(out_partial, Tensor) or out_partial.dim() not in (4, 5):
         raise ValueError("out_partial must be a (num_splits, batch, seqlen, heads, dim) or (num_splits, total_q, "

@@ -33,7 +33,8 @@ def limit_splits(num_splits, batch):
 def choose_splits(batch, heads, rows, capacity, wave):
     """num_splits = 0 on the GPU: as many chunks of >= 512 keys as one wave holds, for decode-shaped calls only (one
     query tile per head). heads: the call's (the K/V heads when packed), rows: each head's query rows, wave: the
-    CTAs that run at once (SMs x the CTAs per SM of the tile dispatch picks, flashcute_fwd_occupancy).
+    CTAs that run at once (SMs x the CTAs per SM of the tile dispatch picks, flashcute_fwd_occupancy), a number or
+    a function giving it (asked only for calls that may split).
     One wave beat two full ones on the Hopper tile (one CTA per SM): batch 1 against 128k keys (8 K/V heads) read
     the cache at 95% of the copy ceiling in 16 chunks, 92% in 32 and 77% in 128 (bench/RESULTS.md, nineteenth
     session, run 2, with a combine whose cost no longer grows with the chunks); the portable 64-row tiles hold two
@@ -43,7 +44,8 @@ def choose_splits(batch, heads, rows, capacity, wave):
     if capacity < 1024 or rows > 128:
         return 1
     tiles = batch * heads * math.ceil(rows / 128)
-    return max(1, min(wave // max(tiles, 1), capacity // 512, 64))
+    slots = wave() if callable(wave) else wave
+    return max(1, min(slots // max(tiles, 1), capacity // 512, 64))
 
 
 def attention(q, k_pages, v_pages, page_table, used, args, learnable_sink, num_splits, pack):

@@ -364,10 +364,13 @@ def _paged_params(q, k_pages, v_pages, out, lse, dtype, args, page_table, sequse
     p.seqused_k = _ptr(seqused_k)
     if num_splits == 0 and q.device.type == "cuda":  # chosen here, where the dispatched tile is known
         from . import decode
-        with torch.cuda.device(q.device):
-            ctas, sms = _capi.fwd_occupancy(p)
+
+        def wave():
+            with torch.cuda.device(q.device):
+                ctas, sms = _capi.fwd_occupancy(p)
+            return ctas * sms
         batch, rows, heads, _ = q.shape
-        p.num_splits = decode.choose_splits(batch, heads, rows, p.seqlen_k, ctas * sms)
+        p.num_splits = decode.choose_splits(batch, heads, rows, p.seqlen_k, wave)
     return p
 
 

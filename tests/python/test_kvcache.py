@@ -209,7 +209,10 @@ def test_split_and_pack_choices():
     assert decode.choose_splits(64, 8, 4, 1 << 17, 264) == 1  # the tiles fill the GPU themselves
     assert decode.choose_splits(1, 8, 4, 2048, 264) == 4  # chunks of at least 512 keys
     assert decode.choose_splits(1, 8, 4, 1000, 264) == 1  # short caches are not split
-    assert decode.choose_splits(1, 32, 1024, 1 << 17, 264) == 1  # more than one query tile per head: a prefill
+    # More than one query tile per head (a prefill against the cache) is never split; the rule answers before it
+    # asks for the wave (the library's occupancy query).
+    assert decode.choose_splits(1, 32, 1024, 1 << 17, lambda: 1 / 0) == 1
+    assert decode.choose_splits(1, 8, 4, 1 << 17, lambda: 264) == 33
     assert decode.packs(None, 4, 1) and decode.packs(None, 4, 64)
     assert not decode.packs(torch.zeros(8), 4, 1)  # one sink logit per query head
     assert not decode.packs(None, 1, 1)
