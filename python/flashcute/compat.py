@@ -76,10 +76,10 @@ def batched_varlen(call, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     v, cu_q, cu_k, max_q, max_k) runs the packed call and returns (out, lse); caller buffers out= (batch, seqlen_q,
     heads, head_dim_v) and lse= (batch, heads, seqlen_q) receive the result in the batch layout."""
     q_batched = cu_seqlens_q is None
-    batch_q = q.shape[0] if q_batched and isinstance(q, Tensor) else None
-    seqlen_q = q.shape[1] if q_batched and isinstance(q, Tensor) and q.dim() == 4 else None
     if q_batched:
-        q, cu_seqlens_q = as_packed(q, "q", "q")
+        padded_q = q
+        q, cu_seqlens_q = as_packed(padded_q, "q", "q")
+        batch_q, seqlen_q = padded_q.shape[:2]
     if cu_seqlens_k is None:
         if not isinstance(v, Tensor) or not isinstance(k, Tensor) or v.shape[:2] != k.shape[:2]:
             raise ValueError("k and v must share their (batch, seqlen) when cu_seqlens_k is None, got "

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _capi
+from . import _capi, decode
 
 _CUDA_DTYPES = {torch.float16: _capi.FLOAT16, torch.bfloat16: _capi.BFLOAT16}
 
@@ -363,8 +363,6 @@ def _paged_params(q, k_pages, v_pages, out, lse, dtype, args, page_table, sequse
     p.page_size, p.num_pages = k_pages.shape[1], k_pages.shape[0]
     p.seqused_k = _ptr(seqused_k)
     if num_splits == 0 and q.device.type == "cuda":  # chosen here, where the dispatched tile is known
-        from . import decode
-
         def wave():
             with torch.cuda.device(q.device):
                 ctas, sms = _capi.fwd_occupancy(p)
@@ -393,9 +391,8 @@ def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, s
     """Forward over a paged KV cache (no gradient): q (batch, seqlen_q, nheads, D); k_pages / v_pages (num_pages,
     page_size, nheads_kv, D); page_table (batch, max_pages) int32; num_splits > 1: the keys of each sequence in
     that many chunks, combined by the library (split-KV; 0 on the GPU: as many as fill one wave, _paged_params);
-    packed_gqa > 1: q holds nheads_kv heads of packed_gqa query
-    heads each, row i * packed_gqa + j of head h being query row i of head h * packed_gqa + j (the masks see row i).
-    The C library checks the arguments."""
+    packed_gqa > 1: q holds nheads_kv heads of packed_gqa query heads each, row i * packed_gqa + j of head h being
+    query row i of head h * packed_gqa + j (the masks see row i). The C library checks the arguments."""
     _check_sink(q, learnable_sink, q.shape[2])
     args = (softmax_scale, causal, window_left, window_right, softcap)
     batch, seqlen_q, nheads, _ = q.shape
