@@ -115,9 +115,13 @@ struct FwdBlock {
   }
   // K (v = false) or V tile n into this thread's shared-memory partition dst, rows and columns bounded as
   // copy_tile_zfill bounds them (relative to this thread's first vector, (load_row, load_col)); src: the thread's
-  // partition of the tensor's tiles. Paged K/V (kDecode and p.page_table) goes row by row through the page table:
-  // key j is row j - slot * page_size of page table[slot] (clamped), slot = j / page_size.
-  template <bool kDecode, class Element, int kGatherGroup = 1, class TiledCopy, class S, class D, class C>
+  // partition of the tensor's tiles. Paged K/V (kDecode and p.page_table) goes through the page table: key j is row
+  // j - slot * page_size of page table[slot] (clamped), slot = j / page_size; row by row where pages are smaller
+  // than a tile or do not hold whole tiles.
+  // kTilePages: pages that hold whole tiles take one table read per tile (the Hopper producers copy those by TMA
+  // and leave it off: its code cost their 64-row decode tile 8 B of spills).
+  template <bool kDecode, class Element, int kGatherGroup = 1, bool kTilePages = true, class TiledCopy, class S,
+            class D, class C>
   CUTE_DEVICE void load_kv(FwdKernelParams const& p, bool v, TiledCopy const& copy, S const& src, D&& dst,
                            C const& coord, int n, int rows, int cols, int load_row, int load_col) const {
     if (kDecode && p.page_table) {
@@ -125,12 +129,24 @@ struct FwdBlock {
                                   h_kv * (v ? p.v_head_stride : p.k_head_stride) + load_col;
       int64_t const page_stride = v ? p.v_batch_stride : p.k_batch_stride;
       int64_t const row_stride = v ? p.v_row_stride : p.k_row_stride;
+      auto const page_of = [&](int slot) {
+        return min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
+      };
+      if (kTilePages && p.page_size % kBlockN == 0) {
+        // The tile lies in one page (a contiguous cache is one page per sequence): one table read for the tile,
+        // and its rows copied as a strided tile.
+        int const j0 = n * kBlockN;
+        int const slot = int((__umulhi(unsigned(j0), p.page_magic) + unsigned(j0)) >> p.page_shift);
+        Element const* const first =
+            base + page_of(slot) * page_stride + (j0 - slot * p.page_size + load_row) * row_stride;
+        copy_tile_zfill(copy, make_tensor(make_gmem_ptr(first), src(_, _, _, 0).layout()), dst, coord, rows, cols);
+        return;
+      }
       int const row0 = n * kBlockN + load_row;
       copy_rows_zfill<kGatherGroup>(copy, src(_, _, _, 0), dst, coord, rows, cols, [&](int r) {
         int const j = row0 + r;
         int const slot = int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
-        int const page = min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
-        return base + page * page_stride + (j - slot * p.page_size) * row_stride;
+        return base + page_of(slot) * page_stride + (j - slot * p.page_size) * row_stride;
       });
     } else {
       copy_tile_zfill(copy, src(_, _, _, n), dst, coord, rows, cols);

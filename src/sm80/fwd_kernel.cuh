@@ -74,14 +74,17 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   copy_base(load_thr, tile_q, load_row, load_col);
   int const k_cols = p.head_dim - load_col;
   int const v_cols = p.head_dim_v - load_col;
-  // K or V tile n, rows bounded as copy_tile_zfill bounds them (paged K/V through the page table).
+  // K or V tile n, rows bounded as copy_tile_zfill bounds them (paged K/V through the page table). Pages smaller
+  // than a tile are gathered row by row; the 64-row (decode) tiles have the registers to put every row's page-table
+  // read in flight before its copies.
+  constexpr int kGatherGroup = kBlockM == 64 ? 0 : 1;
   auto load_k = [&](int n, int rows) __attribute__((always_inline)) {
-    blk.template load_kv<kDecode, Element>(p, false, gmem_load, tKgK, tKsK, tKVcKV, n, rows, k_cols, load_row,
-                                           load_col);
+    blk.template load_kv<kDecode, Element, kGatherGroup>(p, false, gmem_load, tKgK, tKsK, tKVcKV, n, rows, k_cols,
+                                                         load_row, load_col);
   };
   auto load_v = [&](int n, int rows) __attribute__((always_inline)) {
-    blk.template load_kv<kDecode, Element>(p, true, gmem_load, tVgV, tVsV, tKVcKV, n, rows, v_cols, load_row,
-                                           load_col);
+    blk.template load_kv<kDecode, Element, kGatherGroup>(p, true, gmem_load, tVgV, tVsV, tKVcKV, n, rows, v_cols,
+                                                         load_row, load_col);
   };
 
   typename T::TiledMma mma;

@@ -135,11 +135,11 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
     } else {
       int const rows = blk.seq.seqlen_k - n * kBlockN - load_row;
       smem.k_ring.producer_acquire(i);
-      blk.template load_kv<true, Element, 1>(p, false, gmem_load, tKgK, tKsK_cp(_, _, _, stage), tKVcKV, n, rows,
-                                             p.head_dim - load_col, load_row, load_col);
+      blk.template load_kv<true, Element, 1, false>(p, false, gmem_load, tKgK, tKsK_cp(_, _, _, stage), tKVcKV, n,
+                                                    rows, p.head_dim - load_col, load_row, load_col);
       smem.v_ring.producer_acquire(i);
-      blk.template load_kv<true, Element, 1>(p, true, gmem_load, tVgV, tVsV_cp(_, _, _, stage), tVcV, n, rows,
-                                             p.head_dim_v - load_col, load_row, load_col);
+      blk.template load_kv<true, Element, 1, false>(p, true, gmem_load, tVgV, tVsV_cp(_, _, _, stage), tVcV, n,
+                                                    rows, p.head_dim_v - load_col, load_row, load_col);
       cp_async_wait<0>();
       cutlass::arch::fence_view_async_shared();
       named_sync(kProducersBarrier, T::kProducerThreads);
@@ -223,12 +223,12 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
     int const stage = use % T::kStages;
     int const rows = seq.seqlen_k - n * kBlockN - load_row;
     smem.k_ring.producer_acquire(use);
-    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage), tKVcKV,
-                                                            n, rows, k_cols, load_row, load_col);
+    blk.template load_kv<kDecode, Element, T::kGatherGroup, false>(p, false, gmem_load, tKgK, tKsK(_, _, _, stage),
+                                                                   tKVcKV, n, rows, k_cols, load_row, load_col);
     smem.k_ring.producer_commit(use);
     smem.v_ring.producer_acquire(use);
-    blk.template load_kv<kDecode, Element, T::kGatherGroup>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage), tVcV,
-                                                            n, rows, v_cols, load_row, load_col);
+    blk.template load_kv<kDecode, Element, T::kGatherGroup, false>(p, true, gmem_load, tVgV, tVsV(_, _, _, stage),
+                                                                   tVcV, n, rows, v_cols, load_row, load_col);
     smem.v_ring.producer_commit(use);
   }
 }
