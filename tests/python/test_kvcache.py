@@ -280,13 +280,17 @@ def test_gpu_decode_matches_cpu(page_size, dtype, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("arch", [None, 80, 120], ids=["native", "sm80", "sm120"])
 @pytest.mark.parametrize("dims", [(128, 128), (192, 128)], ids=["128", "192v128"])
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_gpu_pages_read_in_place_match_contiguous_bits(page_size, dims):
+def test_gpu_pages_read_in_place_match_contiguous_bits(page_size, dims, arch):
     """The kernels read the pages in place (the C API's page_table): decode (split automatically on a 4k cache)
-    and a causal prefill over the same cache give the contiguous cache's bits; also where V's head dim differs."""
+    and a causal prefill over the same cache give the contiguous cache's bits; also where V's head dim differs, and
+    on the portable kernels (arch profiles), whose pages of whole key tiles (the contiguous cache, 256, and 64 on the
+    64-key tiles) take one table read per tile and the others go row by row."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    from test_gpu_grid import forced_arch
     d, dv = dims
     lengths = torch.tensor([4096, 1000, 0], dtype=torch.int32, device="cuda")
     kc, vc = (_rand(3, 4096, 8, dim, seed=s, dtype=torch.bfloat16, device="cuda") for s, dim in ((1, d), (2, dv)))
@@ -295,8 +299,10 @@ def test_gpu_pages_read_in_place_match_contiguous_bits(page_size, dims):
     kp, vp, table = kp.cuda(), vp.cuda(), table.cuda()
     for sq, causal in ((1, True), (3, False), (64, True)):
         q = _rand(3, sq, 32, d, seed=sq, dtype=torch.bfloat16, device="cuda")
-        want = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=causal)
-        got = flashcute.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lengths, page_table=table, causal=causal)
+        with forced_arch(arch):
+            want = flashcute.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=causal)
+            got = flashcute.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lengths, page_table=table,
+                                                    causal=causal)
         for a, b in zip(got, want):
             assert torch.equal(a, b), (sq, causal)
 
