@@ -113,6 +113,14 @@ struct FwdBlock {
     return static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
            h_kv * p.v_head_stride;
   }
+  // Paged K/V: the page-table slot of key j (j / page_size, by page_magic and page_shift) and the page that slot of
+  // this block's sequence names (clamped into the pages).
+  CUTE_DEVICE static int page_slot(FwdKernelParams const& p, int j) {
+    return int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
+  }
+  CUTE_DEVICE int page_of(FwdKernelParams const& p, int slot) const {
+    return min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
+  }
   // K (v = false) or V tile n into this thread's shared-memory partition dst, rows and columns bounded as
   // copy_tile_zfill bounds them (relative to this thread's first vector, (load_row, load_col)); src: the thread's
   // partition of the tensor's tiles. Paged K/V (kDecode and p.page_table) goes through the page table: key j is row
@@ -129,24 +137,21 @@ struct FwdBlock {
                                   h_kv * (v ? p.v_head_stride : p.k_head_stride) + load_col;
       int64_t const page_stride = v ? p.v_batch_stride : p.k_batch_stride;
       int64_t const row_stride = v ? p.v_row_stride : p.k_row_stride;
-      auto const page_of = [&](int slot) {
-        return min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
-      };
       if (kTilePages && p.page_size % kBlockN == 0) {
         // The tile lies in one page (a contiguous cache is one page per sequence): one table read for the tile,
         // and its rows copied as a strided tile.
         int const j0 = n * kBlockN;
-        int const slot = int((__umulhi(unsigned(j0), p.page_magic) + unsigned(j0)) >> p.page_shift);
+        int const slot = page_slot(p, j0);
         Element const* const first =
-            base + page_of(slot) * page_stride + (j0 - slot * p.page_size + load_row) * row_stride;
+            base + page_of(p, slot) * page_stride + (j0 - slot * p.page_size + load_row) * row_stride;
         copy_tile_zfill(copy, make_tensor(make_gmem_ptr(first), src(_, _, _, 0).layout()), dst, coord, rows, cols);
         return;
       }
       int const row0 = n * kBlockN + load_row;
       copy_rows_zfill<kGatherGroup>(copy, src(_, _, _, 0), dst, coord, rows, cols, [&](int r) {
         int const j = row0 + r;
-        int const slot = int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
-        return base + page_of(slot) * page_stride + (j - slot * p.page_size) * row_stride;
+        int const slot = page_slot(p, j);
+        return base + page_of(p, slot) * page_stride + (j - slot * p.page_size) * row_stride;
       });
     } else {
       copy_tile_zfill(copy, src(_, _, _, n), dst, coord, rows, cols);

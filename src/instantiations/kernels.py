@@ -133,7 +133,6 @@ FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
 ]
 
-
 # Query rows per head (min, max; None: unbounded) outside which a config does not compete in dispatch (a forced
 # FLASHCUTE_CONFIG still runs it). Keyed by (family, direction, head_dim, block_m, block_n, warps); every other
 # config serves any rows, so each head dim keeps a config for every row count (tests/cpp/test_dispatch.cpp).

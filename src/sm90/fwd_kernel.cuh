@@ -69,14 +69,9 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});  // (kBlockN, D, stage)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutV{});   // (kBlockN, Dv, stage)
   bool const rows_mode = p.page_size < kBlockN;
-  int const* const table = p.page_table + blk.b * p.page_table_batch_stride;
   int const row_off = rows_mode ? ptid * kPageRows : 0;  // this lane's first row in a tile
   bool const issuer = ptid < (rows_mode ? kBlockN / kPageRows : 1);
-  auto slot_of = [&](int n) {
-    unsigned const j = unsigned(n * kBlockN + row_off);
-    return int((__umulhi(j, p.page_magic) + j) >> p.page_shift);
-  };
-  auto page_of = [&](int slot) { return min(max(table[slot], 0), p.num_pages - 1); };
+  auto slot_of = [&](int n) { return blk.page_slot(p, n * kBlockN + row_off); };
   int const full_tiles = blk.seq.seqlen_k / kBlockN;  // tiles n < full_tiles hold kBlockN keys
 
   typename T::GmemLoad gmem_load;  // the partial tile's cp.asyncs
@@ -118,7 +113,7 @@ CUTE_DEVICE void fwd_load_pages(FwdParams<T> const& params, FwdBlock<T::kBlockM,
   };
   // Entries of full tiles only: a lane's rows of the partial tile may lie past the sequence's last page entry.
   auto next_page = [&](int i) {
-    return issuer && i < blk.num_tiles && blk.tile_of(i) < full_tiles ? page_of(slot_of(blk.tile_of(i))) : 0;
+    return issuer && i < blk.num_tiles && blk.tile_of(i) < full_tiles ? blk.page_of(p, slot_of(blk.tile_of(i))) : 0;
   };
   page = next_page(0);
 #pragma unroll 1
