@@ -1,5 +1,4 @@
 """flashcute: exact attention (FlashAttention) forward and backward, a thin layer over the C library."""
-import numbers
 
 from ._capi import FlashCuteError, build_info, version
 
@@ -157,11 +156,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softma
         _no_autograd("flash_attn_varlen_func(out=, lse=)", (q, k, v))
 
     def packed(q, k, v, cu_q, cu_k, max_q, max_k, out, lse):
-        maxima = []
-        for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-            maxima.append(-1 if value is None else int(value))
+        maxima = [-1 if value is None else _ops.count(value, name)
+                  for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k))]
         seqs = (cu_q, cu_k, seqused_k, seqused_q)
         if out is None and lse is None:
             return _ops.varlen_fwd(q, k, v, *seqs, *maxima, scale, causal, left, right, softcap, deterministic,

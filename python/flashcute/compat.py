@@ -15,6 +15,8 @@ import numbers
 import torch
 from torch import Tensor
 
+from . import ops
+
 
 _NOT_SUPPORTED = {
     "qv": "FlashAttention-4's MLA query-value term",
@@ -26,8 +28,7 @@ _NOT_SUPPORTED = {
 def check_hints(num_splits, pack_gqa, min_seqlen_k=None, **absent):
     """FlashAttention-4's num_splits (0: chosen, 1: none, n: n chunks), pack_gqa (None, True, False) and min_seqlen_k
     (None or a non-negative integer): checked like every argument. absent: arguments of _NOT_SUPPORTED, only None."""
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 0:
-        raise ValueError(f"num_splits must be a non-negative integer, got {num_splits!r}")
+    ops.count(num_splits, "num_splits")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise ValueError(f"pack_gqa must be None, True or False, got {pack_gqa!r}")
     if min_seqlen_k is not None and (isinstance(min_seqlen_k, bool) or

@@ -10,7 +10,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from . import decode
+from . import decode, ops
 
 
 def _int32_vector(x, name, batch, device):
@@ -130,8 +130,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     from . import _arguments, flash_attn_varlen_func  # the package's entries, imported late: it imports this module
 
     _check_cache(q, k_cache, v_cache, k, v, page_table, cu_seqlens_q)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 0:
-        raise ValueError(f"num_splits must be a non-negative integer, got {num_splits!r}")
+    ops.count(num_splits, "num_splits")
     device = q.device
     varlen_q = cu_seqlens_q is not None
     if varlen_q:

@@ -38,6 +38,13 @@ def window_side(side, name="window_size"):
     return int(side)
 
 
+def count(value, name):
+    """A non-negative integer argument (bools refused: True is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
 def flag(value, name):
     """A bool argument: True/False (or 0/1); strings such as "no" are refused instead of being truthy."""
     if isinstance(value, (bool, numbers.Integral)) and value in (0, 1):
