@@ -18,9 +18,11 @@ DTYPES = ("fp16", "bf16")
 # 227 KB) and one for the 99 KB parts (sm_86/89/120/121), where DESIGN.md section 4 asks for two CTAs per SM
 # when the tile allows it.
 FWD_SM80 = [
-    # hd64: 128x64 (no spill) measured 237-251 TFLOP/s on the H200 against 195-200 for 128x128 (68 B of spills) and
-    # 195-202 for 128x128 with 8 warps (bench/RESULTS.md, commit 50bd8b2); 32 KB fits every profile twice over.
-    ("sm80", "fwd", 64, 128, 64, 4, 2, 2, "32 KB, no spill, fastest measured on the H200"),
+    # hd64: 128x128 (FA2's tile; ptxas spills 104 B on sm_90a, 248 B in its decode instantiation; 255 registers, so
+    # two CTAs per SM on every profile) ran 1.03-1.08x FA2 under FLASHCUTE_ARCH=80 and =86 against 0.89-1.04x for
+    # the spill-free 128x64 it replaced; 128x128 w8, 128x64 w8 and 64x128 w4 ran 0.53-0.91x (bench/RESULTS.md,
+    # twenty-second session, run 1).
+    ("sm80", "fwd", 64, 128, 128, 4, 2, 2, "48 KB, two CTAs on every profile; spills"),
     # hd96: 128x32 (spill-free on sm_80, sm_90a and sm_120) replaced 128x64, which spilled 12 B on sm_80. Its speed
     # is not measured; on the H200, hd96 runs the Hopper family.
     ("sm80", "fwd", 96, 128, 32, 4, 2, 1, "36 KB, two CTAs on every profile"),

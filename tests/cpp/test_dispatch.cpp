@@ -259,7 +259,7 @@ TEST(Dispatch, ForcedConfigIsUsedOnlyWhereItServesAndFits) {
   // Wrong dtype, too small a head dim: refused with the name in the reason.
   EXPECT_EQ(select_config(fwd128, h200, &why, "sm80_fwd_fp16_hd128_m128n32w4"), nullptr);
   EXPECT_NE(why.find("FLASHCUTE_CONFIG"), std::string::npos);
-  EXPECT_EQ(select_config(fwd128, h200, &why, "sm80_fwd_bf16_hd64_m128n64w4"), nullptr);
+  EXPECT_EQ(select_config(fwd128, h200, &why, "sm80_fwd_bf16_hd64_m128n128w4"), nullptr);
   // Does not fit a 99 KB part.
   EXPECT_EQ(select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 256}, *arch::find_profile(120), &why,
                           "sm80_fwd_bf16_hd256_m128n64w8"),
