@@ -9,6 +9,7 @@
 
 #include "common/bwd_atomics.cuh"
 #include "common/bwd_block.cuh"
+#include "common/bwd_dq_order.cuh"
 #include "common/bwd_epilogue.cuh"
 #include "common/bwd_grads.cuh"
 #include "common/cute_utils.cuh"
@@ -164,12 +165,21 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   // The row terms of element (r, c) sit at its row (common/bwd_grads.cuh).
   auto const row_term = [&](int r, int) { return get<0>(s_off(r, 0)); };
 
+  // Deterministic mode with turns: the turn word of the previous step's query tile, handed on after the next step's
+  // first product (or after the walk), by when this step's atomics have mostly landed.
+  int* turn = nullptr;
+
   auto step = [&](int it, auto general) __attribute__((always_inline)) {
     constexpr bool kGeneral = decltype(general)::value;
     int h, m;
     blk.tile_of(it, h, m);
     int const m0 = m * kBlockM;
     int const stage = kDoubleQ ? (it & 1) : 0;
+    auto pass_turn = [&] {
+      if constexpr (T::kDqTurns) {
+        if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
+      }
+    };
     int64_t const bh = (int64_t)b * p.nheads + h;
 
     // Q/dO (and K/V) of this tile have landed, and every warp is done with the previous tile's P, dS and Q
@@ -200,6 +210,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       // across a GEMM.
       clear(acc_dp);
       gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
+      pass_turn();
       clear(acc_s);
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
       grads_general(s, ds, lse2, dsum, row_term, p.softcap_prescale, p.scale_log2,
@@ -213,6 +224,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       // product's MMAs.
       clear(acc_s);
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
+      pass_turn();
       probs_plain(s, lse2, row_term, p.scale_log2);
       Tensor rP = convert_to<Element>(acc_s);
       cute::copy(sts_sdp, sts_sdp_thr.retile_S(rP), tPsP);
@@ -242,12 +254,23 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       Tensor sKt_c = local_tile(sKt, Shape<Int<T::kDqCols>, Int<kBlockN>>{}, make_coord(c, 0));  // (Dc, kBlockN)
       Tensor tQsKt = ldsm_q_b.get_thread_slice(tid).partition_S(sKt_c);
       gemm_ss(acc_dq, tQrdS, tQrKt, tQsdS, tQsKt, mma_q, ldsm_q_a, ldsm_q_b);
+      if constexpr (T::kDqTurns) {
+        // The first chunk's atomics wait for this query tile's turn.
+        if (p.dq_turns && c == 0) {
+          turn = DqTurns::word<kBlockM, T::kWarps>(p, bh, m0);
+          int const prev = DqTurns::before(p, n_block);
+          DqTurns::wait(turn, blk.sees(prev, m) ? prev + 1 : 0);
+        }
+      }
       atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);
     }
     if constexpr (kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
   };
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
+  if constexpr (T::kDqTurns) {
+    if (p.dq_turns && num_iters > 0) DqTurns::pass(turn, n_block + 1);
+  }
 
   store_dk_dv<T>(p, blk, mma_kv, mma_kv, acc_dk, acc_dv, sK, sV);
 }

@@ -73,8 +73,12 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
                     kBlockN % (kThreads / Base::kGmemThreadsPerRow) == 0,
                 "tile rows must be a whole number of gmem copy passes");
   static constexpr bool kDoubleBufferQ = bwd_double_buffer_q(kHeadDim, kBlockM, kBlockN);
-  // Deterministic mode gives each CTA of a column a dQ slot of its own (src/api/workspace.h), not turns.
-  static constexpr bool kDqTurns = false;
+  // Deterministic mode: the hd256 tiles' CTAs of a query tile add their dQ in turns (common/bwd_dq_order.cuh); the
+  // others give each CTA of a column a dQ slot (src/api/workspace.h). Turns ran 0.97-1.16x slots at hd256 but
+  // 0.87-1.22x at hd192, mostly slower there (bench/RESULTS.md, twenty-third session, run 1).
+  // src/arch/registry.h's orders_dq_by_turns agrees.
+  static constexpr bool kDqTurns = kHeadDim == 256;
+  static_assert(!kDqTurns || kWarps * kDqTurnRows <= kBlockM, "one turn word per warp of a query tile");
   static constexpr int kQStages = kDoubleBufferQ ? 2 : 1;
 
   // dQ = dS K is produced in column chunks (whole 64-column swizzle atoms of K) when a whole (kBlockM, D)

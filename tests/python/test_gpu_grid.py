@@ -215,26 +215,33 @@ def test_backward_grid_forced_arch(arch, hd, feature, sq, sk):
     run_backward_case(torch.bfloat16 if arch % 2 else torch.float16, hd, feature, sq, sk, True, arch=arch)
 
 
-# More key tiles than dQ slots (src/api/workspace.h) in every case, so tiles share slots and take turns.
-@pytest.mark.parametrize("dtype,hd,feature,sq,sk", [
-    (torch.bfloat16, 128, "causal", 1013, 1013),
-    (torch.bfloat16, 128, "gqa4", 1013, 1013),
-    (torch.float16, 64, "window", 517, 1013),
-    (torch.float16, 256, "softcap", 1013, 700),
+# More key tiles than dQ slots (src/api/workspace.h) in every case, so tiles share slots and take turns. The
+# forced-arch cases run the portable tiles, where hd192 and hd256 order their dQ additions by turns.
+@pytest.mark.parametrize("dtype,hd,feature,sq,sk,arch", [
+    (torch.bfloat16, 128, "causal", 1013, 1013, None),
+    (torch.bfloat16, 128, "gqa4", 1013, 1013, None),
+    (torch.float16, 64, "window", 517, 1013, None),
+    (torch.float16, 256, "softcap", 1013, 700, None),
+    (torch.bfloat16, 128, "causal", 1013, 1013, 80),
+    (torch.bfloat16, 192, "gqa4", 1013, 1013, 80),
+    (torch.float16, 256, "softcap", 1013, 700, 80),
+    (torch.bfloat16, 192, "window", 517, 1013, 86),
+    (torch.bfloat16, 256, "causal", 1013, 1013, 120),
 ])
-def test_backward_deterministic_bits(dtype, hd, feature, sq, sk):
+def test_backward_deterministic_bits(dtype, hd, feature, sq, sk, arch):
     # Deterministic mode is correct, and gives the same bits every run.
-    run_backward_case(dtype, hd, feature, sq, sk, True, deterministic=True)
+    run_backward_case(dtype, hd, feature, sq, sk, True, arch=arch, deterministic=True)
     q, k, v = make_inputs(dtype, hd, feature, sq, sk, 7, requires_grad=True)
     _, _, causal, window, softcap = FEATURES[feature]
     dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
     dlse = torch.randn(q.shape[0], q.shape[2], q.shape[1], device="cuda")
     runs = []
-    for _ in range(5):
-        out, lse = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
-                                             deterministic=True)
-        g = torch.autograd.grad([out, lse], (q, k, v), [dout, dlse])
-        runs.append([t.clone() for t in g])
+    with forced_arch(arch):
+        for _ in range(5):
+            out, lse = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                                 deterministic=True)
+            g = torch.autograd.grad([out, lse], (q, k, v), [dout, dlse])
+            runs.append([t.clone() for t in g])
     for later in runs[1:]:
         for a, b in zip(runs[0], later):
             assert torch.equal(a, b), "deterministic backward differs between runs"
