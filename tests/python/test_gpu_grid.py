@@ -216,7 +216,7 @@ def test_backward_grid_forced_arch(arch, hd, feature, sq, sk):
 
 
 # More key tiles than dQ slots (src/api/workspace.h) in every case, so tiles share slots and take turns. The
-# forced-arch cases run the portable tiles, where hd192 and hd256 order their dQ additions by turns.
+# forced-arch cases run the portable tiles: hd256 orders its dQ additions by turns, the others use slots.
 @pytest.mark.parametrize("dtype,hd,feature,sq,sk,arch", [
     (torch.bfloat16, 128, "causal", 1013, 1013, None),
     (torch.bfloat16, 128, "gqa4", 1013, 1013, None),
