@@ -39,6 +39,17 @@ struct DqTurns {
   // The key tile whose additions come just before key tile n's, if it sees the same query tile.
   CUTE_DEVICE static int before(BwdKernelParams const& p, int n) { return p.dq_descending ? n + 1 : n - 1; }
 
+  // Waits for this warp's turn at query tile m of (batch, head) row block bh: until key tile n's predecessor in the
+  // order has added, where that key tile sees query tile m (blk: common/bwd_block.cuh), else until no key tile has.
+  // Returns the word to pass() once this warp's additions are issued.
+  template <int kBlockM, int kWarps, class Block>
+  CUTE_DEVICE static int* await(BwdKernelParams const& p, Block const& blk, int64_t bh, int m, int n) {
+    int* const w = word<kBlockM, kWarps>(p, bh, m * kBlockM);
+    int const prev = before(p, n);
+    wait(w, blk.sees(prev, m) ? prev + 1 : 0);
+    return w;
+  }
+
   // Waits (one lane polling) until the word says `value`; the warp's later additions are then ordered after those
   // the releasing warp made before it.
   CUTE_DEVICE static void wait(int const* word, int value) {

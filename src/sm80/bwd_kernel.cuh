@@ -257,9 +257,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       if constexpr (T::kDqTurns) {
         // The first chunk's atomics wait for this query tile's turn.
         if (p.dq_turns && c == 0) {
-          turn = DqTurns::word<kBlockM, T::kWarps>(p, bh, m0);
-          int const prev = DqTurns::before(p, n_block);
-          DqTurns::wait(turn, blk.sees(prev, m) ? prev + 1 : 0);
+          turn = DqTurns::await<kBlockM, T::kWarps>(p, blk, bh, m, n_block);
         }
       }
       atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);

@@ -242,9 +242,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
         // The first chunk's atomics wait for this query tile's turn, under the dK product.
         if constexpr (T::kDqTurns) {
           if (p.dq_turns) {
-            turn = DqTurns::word<kBlockM, T::kWarps>(p, bh, m0);
-            int const prev = DqTurns::before(p, n_block);
-            DqTurns::wait(turn, blk.sees(prev, m) ? prev + 1 : 0);
+            turn = DqTurns::await<kBlockM, T::kWarps>(p, blk, bh, m, n_block);
           }
         }
       } else {
