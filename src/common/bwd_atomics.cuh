@@ -28,11 +28,22 @@ CUTE_DEVICE void atomic_add_fragment(G& g, Acc const& acc) {
 }
 
 // Adds a float32 dQ fragment into its tile of the accumulator, laid out in fragment order (T::dq_frag_offset).
+// `thread` is threadIdx.x by default; a caller in a loop may pass it read afresh (opaque_thread_index) so that the
+// compiler keeps one base address per tile instead of hoisting one per pair out of the loop.
 template <class T, class Acc>
-CUTE_DEVICE void atomic_add_dq_tile(float* tile, Acc const& acc) {
+CUTE_DEVICE void atomic_add_dq_tile(float* tile, Acc const& acc, int thread = threadIdx.x) {
   static_assert(decltype(size(acc))::value % 2 == 0);
+  float* const base = tile + T::dq_frag_offset(0, thread);
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) atomic_add_pair(tile + T::dq_frag_offset(i, threadIdx.x), acc(i), acc(i + 1));
+  for (int i = 0; i < size(acc); i += 2)
+    atomic_add_pair(base + T::dq_frag_offset(i, 0), acc(i), acc(i + 1));
+}
+
+// threadIdx.x, read where it is used: the compiler cannot hoist a volatile read out of a loop.
+CUTE_DEVICE int opaque_thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
 }
 
 }  // namespace flashcute

@@ -12,8 +12,9 @@
 
 namespace flashcute {
 
-template <class T, class Kernel>
-int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
+// kernel(args) is the mainloop kernel and what it takes (p, or a family's params built around it).
+template <class T, class Kernel, class Args>
+int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel, Args const& args) {
   using Element = typename T::Element;
   auto const stream = static_cast<cudaStream_t>(stream_ptr);
   // The workspace is carved for this config's tile head dim and query tile (src/api/workspace.h); the kernels
@@ -46,7 +47,7 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel) {
   bool const slots = p.deterministic && !p.dq_turns;
   dim3 const grid(slots ? p.dq_slots : key_tiles, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
   if (key_tiles > 0) {
-    kernel<<<grid, T::kThreads, smem, stream>>>(p);
+    kernel<<<grid, T::kThreads, smem, stream>>>(args);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

@@ -36,10 +36,10 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=
     if direction == "bwd" and family == "sm90":
         # Q and dO stages (two when the warpgroups split the head dim: block_n 64, more than one warpgroup; else
         # three), K, V, two stages of dS^T and, split, P^T (16-bit); then per Q stage its row terms (float32) and
-        # mbarrier, padded to 1 KB.
+        # mbarrier, and the key tile's mbarrier, padded to 1 KB.
         split = block_n == 64 and warps > 4
         stages = 2 if split else 3
-        rows = (stages * (2 * block_m * 4 + 8) + 1023) // 1024 * 1024
+        rows = (stages * (2 * block_m * 4 + 8) + 8 + 1023) // 1024 * 1024
         tiles = (stages * block_m + block_n) * (head_dim + dv) + 2 * (2 if split else 1) * block_n * block_m
         return tiles * 2 + rows
     if direction == "bwd":

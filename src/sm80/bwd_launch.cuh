@@ -8,7 +8,7 @@ namespace flashcute::sm80 {
 
 template <class T>
 int run_bwd(BwdKernelParams const& p, void* stream) {
-  return run_bwd_passes<T>(p, stream, &bwd_kernel<T>);
+  return run_bwd_passes<T>(p, stream, &bwd_kernel<T>, p);
 }
 
 }  // namespace flashcute::sm80

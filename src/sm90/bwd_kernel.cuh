@@ -1,6 +1,7 @@
-// Hopper backward mainloop (wgmma + cp.async). One CTA owns a kBlockN tile of keys of one K/V head and walks the
-// query tiles that can see it (common/bwd_block.cuh), loading Q and dO kStages - 1 tiles ahead into a ring of
-// stages, each signalled by an mbarrier (no CTA barrier at a step's start; BwdTraits::kStages). Per query tile:
+// Hopper backward mainloop (wgmma; TMA or cp.async loads). One CTA owns a kBlockN tile of keys of one K/V head and
+// walks the query tiles that can see it (common/bwd_block.cuh), loading Q and dO kStages - 1 tiles ahead into a
+// ring of stages, each signalled by an mbarrier (no CTA barrier at a step's start; BwdTraits::kStages): thread 0
+// issuing TMA copies for fixed-length batches (kTma), every thread cp.async otherwise. Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T;  P^T = exp2(S^T * scale_log2 - lse_log2);  dS^T = P^T * (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q   (dV, dK in registers for the whole walk)
 //   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics, in
@@ -24,10 +25,50 @@
 
 namespace flashcute::sm90 {
 
-// ring: the Q stages this CTA used before this key tile (each key tile continues the stages' mbarrier phases).
+// What the kernel takes: the family-neutral params and, for the kTma kernel, the TMA copies run_bwd builds on the
+// host (src/sm90/bwd_launch.cuh) where they serve: fixed-length batches with strides TMA can address.
 template <class T>
-__device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const n_block, float* const dq_slot,
-                                             int& ring) {
+struct BwdParams {
+  BwdKernelParams p;
+  typename T::TmaQ tma_q;
+  typename T::TmaDO tma_do;
+  typename T::TmaK tma_k;
+  typename T::TmaV tma_v;
+};
+
+// TMA (thread 0): Q and dO of query tile m of head h, batch b, into `stage`, with the rows' lse_log2 and D by bulk
+// copies; the stage's mbarrier completes once all have landed.
+template <class T>
+__device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, typename T::SharedStorage& smem,
+                                                int stage, int b, int h, int m) {
+  constexpr int kBlockM = T::kBlockM;
+  BwdKernelParams const& p = params.p;
+  uint64_t& full = smem.full[stage];
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full, T::kStageTmaBytes);
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQs{});      // (kBlockM, D, stage)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});  // (kBlockM, Dv, stage)
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch));
+  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim_v, p.nheads, p.batch));
+  auto tma_q = params.tma_q.get_slice(_0{});
+  auto tma_do = params.tma_do.get_slice(_0{});
+  copy(params.tma_q.with(full),
+       tma_q.partition_S(local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<T::kHeadDim>>{}, make_coord(m, 0))),
+       tma_q.partition_D(sQ(_, _, stage)));
+  copy(params.tma_do.with(full),
+       tma_do.partition_S(local_tile(mdO(_, _, h, b), Shape<Int<kBlockM>, Int<T::kHeadDimV>>{}, make_coord(m, 0))),
+       tma_do.partition_D(sdO(_, _, stage)));
+  int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM;  // 256-byte aligned
+  float* const rows = smem.rows + stage * 2 * kBlockM;
+  SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &full, rows, kBlockM * sizeof(float));
+  SM90_BULK_COPY_G2S::copy(p.dsoftmax_sum + row0, &full, rows + kBlockM, kBlockM * sizeof(float));
+}
+
+// ring: the Q stages this CTA used before this key tile (each key tile continues the stages' mbarrier phases);
+// key_tiles: the key tiles it loaded before (kTma: the phase of smem.key_tile_full).
+template <class T, bool kTma>
+__device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int const n_block, float* const dq_slot,
+                                             int& ring, int& key_tiles) {
+  BwdKernelParams const& p = params.p;
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
   constexpr int kBlockN = T::kBlockN;
@@ -57,14 +98,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Element const* do_base = blk.template dout<Element>(p);
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQs{});       // (kBlockM, D, stage)
-  Tensor sQt = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQst{});     // (D, kBlockM, stage)
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});   // (kBlockM, Dv, stage)
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOst{}); // (Dv, kBlockM, stage)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});       // (kBlockN, D)
-  Tensor sKt = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKt{});      // (D, kBlockN)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutV{});        // (kBlockN, Dv)
   Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdSt{});   // (kBlockN, kBlockM, stage)
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdS{});     // (kBlockM, kBlockN, stage)
   Tensor sPt = make_tensor(make_smem_ptr(smem.ds + (T::kSplitHeadDim ? cosize_v<typename T::SmemLayoutdSt> : 0)),
                            typename T::SmemLayoutdSt{});                            // (kBlockN, kBlockM, stage)
 
@@ -90,11 +127,16 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     copy_tile_zfill(gmem_load, tXgX, dst, coords, seq.seqlen_q - m * kBlockM - load_row, cols - load_col);
   };
   // Q, dO and the lse_log2 and D of the rows of flat iteration `it` into its stage; the stage's mbarrier completes
-  // once every thread's copies (these and any before) have landed.
+  // once thread 0's TMA copies, or every thread's cp.async copies (these and any before), have landed.
   auto load_q_do = [&](int it) __attribute__((always_inline)) {
     int h, m;
     blk.tile_of(it, h, m);
     int const stage = (ring + it) % T::kStages;
+    if constexpr (kTma) {
+      if (cutlass::canonical_warp_idx_sync() == 0 && cute::elect_one_sync())
+        bwd_load_stage_tma(params, smem, stage, b, h, m);
+      return;
+    }
     load_rows(tQsQ(_, _, _, stage), tile_q, tQcQ, q_base, p.q_head_stride, p.q_row_stride, p.head_dim, h, m);
     load_rows(tdOsdO(_, _, _, stage), tile_do, tdOcdO, do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v,
               h, m);
@@ -103,15 +145,32 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   };
 
   if (num_iters > 0) {
-    Tensor tKgK = load_thr.partition_S(local_tile(mK, tile_kv, make_coord(n_block, 0)));  // (CPY, CPY_N, CPY_D)
-    Tensor tVgV = load_thr.partition_S(local_tile(mV, tile_v, make_coord(n_block, 0)));
-    copy_tile_zfill(gmem_load, tKgK, load_thr.partition_D(sK), tKVcKV, seq.seqlen_k - n0 - load_row,
-                    p.head_dim - load_col);
-    copy_tile_zfill(gmem_load, tVgV, load_thr.partition_D(sV), tVcV, seq.seqlen_k - n0 - load_row,
-                    p.head_dim_v - load_col);
+    if constexpr (kTma) {
+      if (tid == 0) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.key_tile_full, T::kKeyTileTmaBytes);
+        Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
+        Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));
+        auto tma_k = params.tma_k.get_slice(_0{});
+        auto tma_v = params.tma_v.get_slice(_0{});
+        copy(params.tma_k.with(smem.key_tile_full),
+             tma_k.partition_S(local_tile(mK(_, _, blk.h_kv, b), tile_kv, make_coord(n_block, 0))),
+             tma_k.partition_D(sK));
+        copy(params.tma_v.with(smem.key_tile_full),
+             tma_v.partition_S(local_tile(mV(_, _, blk.h_kv, b), tile_v, make_coord(n_block, 0))),
+             tma_v.partition_D(sV));
+      }
+    } else {
+      Tensor tKgK = load_thr.partition_S(local_tile(mK, tile_kv, make_coord(n_block, 0)));  // (CPY, CPY_N, CPY_D)
+      Tensor tVgV = load_thr.partition_S(local_tile(mV, tile_v, make_coord(n_block, 0)));
+      copy_tile_zfill(gmem_load, tKgK, load_thr.partition_D(sK), tKVcKV, seq.seqlen_k - n0 - load_row,
+                      p.head_dim - load_col);
+      copy_tile_zfill(gmem_load, tVgV, load_thr.partition_D(sV), tVcV, seq.seqlen_k - n0 - load_row,
+                      p.head_dim_v - load_col);
+    }
     CUTE_UNROLL
     for (int it = 0; it < T::kStages - 1; ++it)
       if (it < num_iters) load_q_do(it);
+    if constexpr (kTma) cutlass::arch::ClusterBarrier::wait(&smem.key_tile_full, key_tiles++ & 1);
   }
 
   typename T::TiledMmaSdP mma_sdp;
@@ -122,17 +181,6 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   auto thr_kv = mma_kv.get_thread_slice(tid);
   auto thr_dv = mma_dv.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
-  // GMMA descriptors.
-  Tensor tSrK = thr_sdp.make_fragment_A(thr_sdp.partition_A(sK));      // (MMA, MMA_N, MMA_D)
-  Tensor tSrQ = thr_sdp.make_fragment_B(thr_sdp.partition_B(sQ));      // (MMA, MMA_M, MMA_D, stage)
-  Tensor tPrV = thr_sdp.make_fragment_A(thr_sdp.partition_A(sV));      // (MMA, MMA_N, MMA_Dv)
-  Tensor tPrdO = thr_sdp.make_fragment_B(thr_sdp.partition_B(sdO));    // (MMA, MMA_M, MMA_Dv, stage)
-  Tensor tVrdOt = thr_dv.make_fragment_B(thr_dv.partition_B(sdOt));    // (MMA, MMA_Dv, MMA_M, stage)
-  Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt));      // (MMA, MMA_D, MMA_M, stage)
-  Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS));      // (MMA, MMA_M, MMA_N, stage)
-  Tensor tVsPt = thr_dv.make_fragment_A(thr_dv.partition_A(sPt));      // kSplitHeadDim: (MMA, MMA_N, MMA_M, stage)
-  Tensor tKsdSt = thr_kv.make_fragment_A(thr_kv.partition_A(sdSt));
-
   Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
   Tensor acc_dv = partition_fragment_C(mma_dv, tile_v);   // (MMA, MMA_N, MMA_Dv)
   clear(acc_dk);
@@ -168,6 +216,24 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     };
 
     cutlass::arch::ClusterBarrier::wait(&smem.full[stage], ((ring + it) / T::kStages) & 1);
+
+    // kTma: the GMMA descriptors rebuilt each step from a shared-memory base the compiler cannot see through, so
+    // that it does not hoist one per k-slice out of the walk into registers (ptxas then spilled them: 164 B at hd128).
+    char* base = smem_raw;
+    if constexpr (kTma) asm volatile("" : "+l"(base));
+    auto& sm = *reinterpret_cast<typename T::SharedStorage*>(base);
+    auto view = [&](auto* ptr, auto layout) { return make_tensor(make_smem_ptr(ptr), layout); };
+    Tensor tSrK = thr_sdp.make_fragment_A(thr_sdp.partition_A(view(sm.k, typename T::SmemLayoutKV{})));
+    Tensor tSrQ = thr_sdp.make_fragment_B(thr_sdp.partition_B(view(sm.q, typename T::SmemLayoutQs{})));
+    Tensor tPrV = thr_sdp.make_fragment_A(thr_sdp.partition_A(view(sm.v, typename T::SmemLayoutV{})));
+    Tensor tPrdO = thr_sdp.make_fragment_B(thr_sdp.partition_B(view(sm.dout, typename T::SmemLayoutdOs{})));
+    Tensor tVrdOt = thr_dv.make_fragment_B(thr_dv.partition_B(view(sm.dout, typename T::SmemLayoutdOst{})));
+    Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(view(sm.q, typename T::SmemLayoutQst{})));
+    Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(view(sm.ds, typename T::SmemLayoutdS{})));
+    Tensor tVsPt = thr_dv.make_fragment_A(thr_dv.partition_A(
+        view(sm.ds + (T::kSplitHeadDim ? cosize_v<typename T::SmemLayoutdSt> : 0), typename T::SmemLayoutdSt{})));
+    Tensor tKsdSt = thr_kv.make_fragment_A(thr_kv.partition_A(view(sm.ds, typename T::SmemLayoutdSt{})));
+    Tensor sKt = view(sm.k, typename T::SmemLayoutKt{});
 
     Tensor acc_s = partition_fragment_C(mma_sdp, tile_st);   // (MMA, MMA_N, MMA_M)
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
@@ -248,7 +314,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       } else {
         warpgroup_wait_for<0>(acc_dq);
       }
-      atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq);
+      atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq, opaque_thread_index());
     };
     dq_chunk(0, cute::true_type{});
     warpgroup_wait_for<0>(acc_dk, rdS);
@@ -263,22 +329,28 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   }
   ring += num_iters;
   store_dk_dv<T>(p, blk, mma_kv, mma_dv, acc_dk, acc_dv, sK, sV);
+  // The next key tile's TMA copies overwrite K's and V's shared memory, which the epilogue has just written and read
+  // through the generic proxy: fenced here, ordered by the CTA barrier after this key tile (for_each_key_tile).
+  if constexpr (kTma) cutlass::arch::fence_view_async_shared();
 }
 
 // Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh).
-template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdKernelParams const p) {
+template <class T, bool kTma>
+__global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   if (threadIdx.x == 0) {
     CUTE_UNROLL
-    for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], T::kThreads);
+    for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], kTma ? 1 : T::kThreads);
+    cutlass::arch::ClusterBarrier::init(&smem.key_tile_full, 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  int ring = 0;
-  for_each_key_tile<T::kBlockN, T::kDqTurns>(p, [&](int n, float* dq_slot) { bwd_key_tile<T>(p, n, dq_slot, ring); });
+  int ring = 0, key_tiles = 0;
+  for_each_key_tile<T::kBlockN, T::kDqTurns>(params.p, [&](int n, float* dq_slot) {
+    bwd_key_tile<T, kTma>(params, n, dq_slot, ring, key_tiles);
+  });
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
 #endif

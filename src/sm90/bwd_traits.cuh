@@ -9,6 +9,7 @@
 
 #include "common/cute_utils.cuh"
 #include "sm90/bwd_launch.h"
+#include "sm90/tma.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flashcute::sm90 {
@@ -123,6 +124,15 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // Register -> shared stores of accumulator pairs (dS^T, dK, dV, dQ in its conversion).
   using SmemStoreC = Copy_Atom<SharedStore32, Element>;
 
+  // TMA (fixed-length batches, BwdParams): Q and dO one query tile into a stage, with its rows' lse_log2 and D by
+  // bulk copies, and K and V the CTA's key tile; rows past the sequence and columns past the head dim arrive as zeros.
+  using TmaQ = RowsTma<Element, decltype(take<0, 2>(SmemLayoutQs{})), kBlockM, kHeadDim>;
+  using TmaDO = RowsTma<Element, decltype(take<0, 2>(SmemLayoutdOs{})), kBlockM, kHeadDimV>;
+  using TmaK = RowsTma<Element, SmemLayoutKV, kBlockN, kHeadDim>;
+  using TmaV = RowsTma<Element, SmemLayoutV, kBlockN, kHeadDimV>;
+  static constexpr uint32_t kStageTmaBytes = kBlockM * (kHeadDim + kHeadDimV) * sizeof(Element) + 2 * kBlockM * 4;
+  static constexpr uint32_t kKeyTileTmaBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
+
   static constexpr int kQElems = kBlockM * kHeadDim;
   struct SharedStorage {
     // GMMA descriptors assume each operand starts on a swizzle-pattern boundary (1024 B covers every swizzle).
@@ -134,13 +144,15 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     alignas(1024) Element ds[(kSplitHeadDim ? 2 : 1) * cosize_v<SmemLayoutdSt>];
     // Per Q stage: lse_log2 then D of its kBlockM rows (as in the portable family).
     alignas(1024) float rows[kStages * 2 * kBlockM];
-    // Per Q stage: complete once every thread's cp.async copies into it have landed (one arrival per thread).
+    // Per Q stage: complete once every thread's cp.async copies into it have landed (one arrival per thread), or
+    // with TMA once its bytes have (one arrival, thread 0's).
     uint64_t full[kStages];
+    uint64_t key_tile_full;  // TMA: K and V of the CTA's key tile have landed
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes == (kStages * kBlockM * (kHeadDim + kHeadDimV) + kBlockN * (kHeadDim + kHeadDimV) +
                                 kDsStages * (kSplitHeadDim ? 2 : 1) * kBlockN * kBlockM) * 2 +
-                                  ((kStages * (2 * kBlockM * 4 + 8) + 1023) / 1024) * 1024,
+                                  ((kStages * (2 * kBlockM * 4 + 8) + 8 + 1023) / 1024) * 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
 

@@ -10,31 +10,15 @@
 
 #include "common/fwd_combine.cuh"
 #include "sm90/fwd_kernel.cuh"
+#include "sm90/tma.cuh"
 
 namespace flashcute::sm90 {
 
-// The TMA copy of a (seqlen, head_dim, heads, batch) tensor, kRows x kCols at a time into SmemLayout (a whole K
-// stage by default; V's take its own layout and head dim). The API guarantees 16-byte aligned rows; a stride of 0
-// (only on a dimension of size 1 here, see tma_serves) becomes 16 bytes, which TMA accepts.
-template <class T, class SmemLayout = decltype(take<0, 2>(typename T::SmemLayoutKV{})), int kRows = T::kBlockN,
-          int kCols = T::kHeadDim>
-auto make_kv_tma(void const* ptr, int seqlen, int head_dim, int heads, int batch, int64_t row_stride,
-                 int64_t head_stride, int64_t batch_stride) {
-  using Element = typename T::Element;
-  auto nonzero = [](int64_t s) { return s ? s : int64_t(16 / sizeof(Element)); };
-  Tensor t = make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                         make_shape(seqlen, head_dim, heads, batch),
-                         make_stride(nonzero(row_stride), _1{}, nonzero(head_stride), nonzero(batch_stride)));
-  return make_tma_copy(SM90_TMA_LOAD{}, t, SmemLayout{}, Shape<Int<kRows>, Int<kCols>>{}, _1{});
-}
-
-// TMA needs every stride below 2^40 bytes, and no dimension of more than one element at stride 0 (an expanded
-// view: the API lets inputs repeat along batch, heads or rows). Elsewhere, and for varlen batches (whose rows past
-// a sequence belong to the next one, not zeros), the producer uses cp.async. Paged K/V: the (pages, page rows,
-// heads) dimensions, and either key tiles that never straddle two pages (page_size a multiple of block_n, or one
-// page holding every key) or pages that tile a key tile in copies of page_rows rows.
+// Whether TMA serves K and V: fixed-length batches and paged caches, with strides tma_strides_ok accepts (varlen
+// batches, whose rows past a sequence belong to the next one rather than arriving as zeros, use cp.async). Paged
+// K/V by the (pages, page rows, heads) dimensions, and either key tiles that never straddle two pages (page_size a
+// multiple of block_n, or one page holding every key) or pages that tile a key tile in copies of page_rows rows.
 inline bool tma_serves(FwdKernelParams const& p, int block_n, int page_rows) {
-  int64_t const limit = (int64_t(1) << 39) / 2;  // elements of 2 bytes, with a factor 2 to spare
   bool const paged = p.page_table != nullptr;
   if (paged) {
     bool const tile_in_page = p.page_size >= block_n && (p.page_size % block_n == 0 || p.page_size >= p.seqlen_k);
@@ -42,12 +26,8 @@ inline bool tma_serves(FwdKernelParams const& p, int block_n, int page_rows) {
     if (!tile_in_page && !pages_in_tile) return false;
   }
   int64_t const sizes[3] = {paged ? p.num_pages : p.batch, paged ? p.page_size : p.seqlen_k, p.nheads_kv};
-  int64_t const strides[2][3] = {{p.k_batch_stride, p.k_row_stride, p.k_head_stride},
-                                 {p.v_batch_stride, p.v_row_stride, p.v_head_stride}};
-  for (auto const& t : strides)
-    for (int i = 0; i < 3; ++i)
-      if (t[i] < 0 || t[i] >= limit || (t[i] == 0 && sizes[i] > 1)) return false;
-  return true;
+  return tma_strides_ok(sizes, {p.k_batch_stride, p.k_row_stride, p.k_head_stride}) &&
+         tma_strides_ok(sizes, {p.v_batch_stride, p.v_row_stride, p.v_head_stride});
 }
 
 // The persistent grid's CTA count (one per SM) where the tiles take more than one wave, or 0 for one CTA per tile:
@@ -70,6 +50,7 @@ inline int persistent_ctas(FwdKernelParams const& p, int64_t tiles) {
 
 template <class T>
 int run_fwd(FwdKernelParams const& p, void* stream) {
+  using Element = typename T::Element;
   auto kernel = uses_decode_kernel(p) ? &fwd_kernel<T, true> : &fwd_kernel<T, false>;
   int const smem = launch_smem(p, T::kSmemBytes);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -81,15 +62,15 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
     int const rows = p.page_table ? p.page_size : p.seqlen_k;
     int const outer = p.page_table ? p.num_pages : p.batch;
     if (p.page_table && p.page_size < T::kBlockN) {  // pages shorter than a key tile: kPageRows rows a copy
-      params.tma_k_rows = make_kv_tma<T, typename T::SmemLayoutKVRows, T::kPageRows>(
+      params.tma_k_rows = make_rows_tma<Element, typename T::SmemLayoutKVRows, T::kPageRows, T::kHeadDim>(
           p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-      params.tma_v_rows = make_kv_tma<T, typename T::SmemLayoutVRows, T::kPageRows, T::kHeadDimV>(
+      params.tma_v_rows = make_rows_tma<Element, typename T::SmemLayoutVRows, T::kPageRows, T::kHeadDimV>(
           p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
     } else {
-      params.tma_k = make_kv_tma<T>(p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride,
-                                    p.k_batch_stride);
-      params.tma_v = make_kv_tma<T, decltype(take<0, 2>(typename T::SmemLayoutV{})), T::kBlockN, T::kHeadDimV>(
-          p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+      params.tma_k = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutKV{})), T::kBlockN,
+                                   T::kHeadDim>(p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+      params.tma_v = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutV{})), T::kBlockN,
+                                   T::kHeadDimV>(p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
     }
   }
   dim3 grid = FwdTileScheduler<T::kBlockM>::grid(p);

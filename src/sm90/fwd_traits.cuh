@@ -3,12 +3,12 @@
 // cp.async copies, and the register split between the roles.
 #pragma once
 
-#include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/tensor.hpp>
 
 #include "common/cute_utils.cuh"
 #include "sm90/fwd_launch.h"
 #include "sm90/pipeline.cuh"
+#include "sm90/tma.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flashcute::sm90 {
@@ -71,14 +71,8 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
 
   // TMA (fixed-length batches): K and V as (seqlen, head_dim, heads, batch) tensors, one K/V stage per copy; rows
   // past the sequence and columns past the head dim arrive as zeros.
-  using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
-  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  using TmaKV = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
-      take<0, 2>(SmemLayoutKV{}), Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
-      take<0, 2>(SmemLayoutV{}), Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
+  using TmaKV = RowsTma<Element, decltype(take<0, 2>(SmemLayoutKV{})), kBlockN, kHeadDim>;
+  using TmaV = RowsTma<Element, decltype(take<0, 2>(SmemLayoutV{})), kBlockN, kHeadDimV>;
   static constexpr uint32_t kTmaBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDimV * sizeof(Element);
   // Paged K/V with pages shorter than a key tile (page_size a multiple of kPageRows dividing kBlockN): one copy of
@@ -90,12 +84,8 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   using SmemLayoutVRows = decltype(composition(take<0, 2>(SmemLayoutV{}),
                                                make_layout(Shape<Int<kPageRows>, Int<kHeadDimV>>{},
                                                            make_stride(_1{}, Int<kBlockN>{}))));
-  using TmaKVRows = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
-      SmemLayoutKVRows{}, Shape<Int<kPageRows>, Int<kHeadDim>>{}, _1{}));
-  using TmaVRows = decltype(make_tma_copy(
-      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}),
-      SmemLayoutVRows{}, Shape<Int<kPageRows>, Int<kHeadDimV>>{}, _1{}));
+  using TmaKVRows = RowsTma<Element, SmemLayoutKVRows, kPageRows, kHeadDim>;
+  using TmaVRows = RowsTma<Element, SmemLayoutVRows, kPageRows, kHeadDimV>;
   static_assert(kBlockN % kPageRows == 0 && kBlockN / kPageRows <= 32);
 
   // The epilogue stages each warpgroup's O rows (16-bit, in Q's layout) in a buffer of their own where it fits
