@@ -2,6 +2,8 @@
 // compiled for sm_90a only. The preprocess and conversion passes (common/bwd_passes.cuh) serve both families.
 #pragma once
 
+#include "sm90/tma_driver.h"  // first: it redirects CuTe's TMA descriptor calls
+
 #include "common/bwd_passes.cuh"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/tma.cuh"
@@ -26,6 +28,7 @@ int run_bwd(BwdKernelParams const& p, void* stream) {
   BwdParams<T> params{};
   params.p = p;
   if (!bwd_tma_serves(p)) return run_bwd_passes<T>(p, stream, &bwd_kernel<T, false>, params);
+  TmaEncodeCheck encoded;
   params.tma_q = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutQs{})), T::kBlockM, T::kHeadDim>(
       p.q, p.seqlen_q, p.head_dim, p.nheads, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   params.tma_do = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutdOs{})), T::kBlockM,
@@ -35,6 +38,7 @@ int run_bwd(BwdKernelParams const& p, void* stream) {
       p.k, p.seqlen_k, p.head_dim, p.nheads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
   params.tma_v = make_rows_tma<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(
       p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  if (!encoded.ok()) return run_bwd_passes<T>(p, stream, &bwd_kernel<T, false>, params);  // the driver refused one
   return run_bwd_passes<T>(p, stream, &bwd_kernel<T, true>, params);
 }
 

@@ -2,6 +2,8 @@
 // compiled for sm_90a only.
 #pragma once
 
+#include "sm90/tma_driver.h"  // first: it redirects CuTe's TMA descriptor calls
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,6 +61,7 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   params.p = p;
   params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_serves(p, T::kBlockN, T::kPageRows);
   if (params.use_tma) {  // K and V as (rows, head_dim, heads, batch), or (page rows, head_dim, heads, pages)
+    TmaEncodeCheck encoded;
     int const rows = p.page_table ? p.page_size : p.seqlen_k;
     int const outer = p.page_table ? p.num_pages : p.batch;
     if (p.page_table && p.page_size < T::kBlockN) {  // pages shorter than a key tile: kPageRows rows a copy
@@ -72,6 +75,7 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
       params.tma_v = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutV{})), T::kBlockN,
                                    T::kHeadDimV>(p.v, rows, p.head_dim_v, p.nheads_kv, outer, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
     }
+    params.use_tma = encoded.ok();  // else cp.async: the driver refused a descriptor
   }
   dim3 grid = FwdTileScheduler<T::kBlockM>::grid(p);
   int const ctas = persistent_ctas(p, FwdTileScheduler<T::kBlockM>::count(p));

@@ -1,6 +1,8 @@
 // Hopper probe: one warpgroup TMA-loads a 64x16 A tile and a 64x16 B tile (bf16, K-major) into GMMA-swizzled
 // shared memory and runs one wgmma 64x64x16, C = A * B^T in fp32. Compiled for sm_90a only (CMakeLists.txt), so
 // it exercises the same TMA / mbarrier / GMMA-descriptor path the Hopper attention kernels will use.
+#include "sm90/tma_driver.h"  // first: it redirects CuTe's TMA descriptor calls
+
 #include "sm90/probe.h"
 
 #include <cmath>
@@ -116,8 +118,10 @@ int run_probe(double* max_abs_err) {
     PROBE_TRY(cudaMemcpy(d_b, b.data(), b.size() * sizeof(Elem), cudaMemcpyHostToDevice));
     // Row-major (rows, K) global tensors, i.e. K-major; the tensor map's box is the whole smem tile.
     auto k_major = make_layout(make_shape(kM, kK), LayoutRight{});
+    TmaEncodeCheck encoded;
     auto tma_a = make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(d_a), k_major), SmemLayout{});
     auto tma_b = make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(d_b), k_major), SmemLayout{});
+    if (!encoded.ok()) return cudaErrorInvalidValue;
     probe_kernel<<<1, kThreads>>>(tma_a, tma_b, d_c);
     PROBE_TRY(cudaGetLastError());
     PROBE_TRY(cudaMemcpy(out.data(), d_c, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -138,6 +142,15 @@ int run_probe(double* max_abs_err) {
     }
   *max_abs_err = worst;
   return cudaSuccess;
+}
+
+int probe_tma_refusal() {
+  alignas(16) static Elem host[kM * kK + 8];
+  auto k_major = make_layout(make_shape(kM, kK), LayoutRight{});
+  TmaEncodeCheck encoded;
+  auto tma = make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(host + 1), k_major), SmemLayout{});
+  (void)tma;
+  return int(encoded.verdict());
 }
 
 }  // namespace flashcute::sm90

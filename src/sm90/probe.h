@@ -9,4 +9,9 @@ namespace flashcute::sm90 {
 // or cudaErrorNoKernelImageForDevice (nothing launched) when the current device is not sm_90.
 int run_probe(double* max_abs_err);
 
+// Makes the probe's TMA descriptor for an address 2 bytes past 16-byte alignment, which the driver refuses (as every
+// descriptor is refused where no driver is loaded), and returns the refusal as a CUresult (0: accepted). Host only:
+// it checks that a refused descriptor comes back as a verdict (sm90/tma_driver.h), never as CuTe's abort.
+int probe_tma_refusal();
+
 }  // namespace flashcute::sm90

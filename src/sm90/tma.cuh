@@ -1,7 +1,12 @@
 // TMA copies of the (rows, columns, heads, batch) tensors the Hopper kernels load (Q, K, V, dO as the API lays them
 // out: int64 strides, 16-byte aligned rows), a kRows x kCols box at a time into SmemLayout; rows past `rows` and
-// columns past `cols` arrive as zeros. Made on the host (the launchers), used on the device.
+// columns past `cols` arrive as zeros. Made on the host (the launchers) inside a TmaEncodeCheck (sm90/tma_driver.h),
+// which says whether the driver accepted them; used on the device.
 #pragma once
+
+#ifndef FLASHCUTE_SM90_TMA_DRIVER
+#error "include sm90/tma_driver.h before any CUTLASS or CuTe header (the Hopper launchers do, first)"
+#endif
 
 #include <cstdint>
 

@@ -26,3 +26,12 @@ TEST(Sm90Probe, TmaWgmmaMatchesHostReference) {
   GTEST_SKIP() << "library built without the sm_90a probe (FLASHCUTE_CUDA_ARCHS lacks 90a)";
 #endif
 }
+
+TEST(Sm90Probe, RefusedTmaDescriptorIsReportedNotFatal) {
+#if FLASHCUTE_SM90_PROBE
+  EXPECT_NE(flashcute::sm90::probe_tma_refusal(), 0);  // with or without a GPU: the address is misaligned
+  cudaGetLastError();  // without a driver the lookup's error stays behind
+#else
+  GTEST_SKIP() << "library built without the sm_90a probe (FLASHCUTE_CUDA_ARCHS lacks 90a)";
+#endif
+}

@@ -6,6 +6,7 @@ Also run under FLASHCUTE_ARCH=80, 86, 89, 120 (other arch profiles' tiles on thi
 import contextlib
 import math
 import os
+import threading
 import zlib
 
 import pytest
@@ -245,3 +246,51 @@ def test_backward_deterministic_bits(dtype, hd, feature, sq, sk, arch):
     for later in runs[1:]:
         for a, b in zip(runs[0], later):
             assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+def on_fresh_thread(fn):
+    """fn() run on a new thread (one that has not used the GPU: no CUDA context is current on it), its result or
+    its exception returned to the caller's thread."""
+    result = {}
+
+    def body():
+        try:
+            result["value"] = fn()
+        except Exception as e:  # noqa: BLE001 (raised again below, on the caller's thread)
+            result["error"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+@pytest.mark.parametrize("hd", (64, 128, 256))
+@pytest.mark.parametrize("sq,sk", [(1, 1), (113, 1013)])
+def test_fresh_thread(hd, sq, sk):
+    # TMA descriptors need a current CUDA context, and a thread that has not used the GPU has none: autograd's
+    # worker thread, when this backward is the first CUDA work of a backward pass. The forward and the
+    # (deterministic) backward, each the first GPU work of a new thread, give the bits they give here.
+    q, k, v = make_inputs(torch.bfloat16, hd, "plain", sq, sk, 11)
+    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    dlse = torch.randn(q.shape[0], q.shape[2], q.shape[1], device="cuda")
+    unbounded, scale = -(2**63), 1 / math.sqrt(hd)
+
+    def fwd():
+        out, lse = torch.ops.flashcute.fwd(q, k, v, scale, True, unbounded, unbounded, 0.0)
+        torch.cuda.synchronize()
+        return out, lse
+
+    def bwd(out, lse):
+        grads = torch.ops.flashcute.bwd(dout, dlse, q, k, v, out, lse, scale, True, unbounded, unbounded, 0.0, True)
+        torch.cuda.synchronize()
+        return grads[:3]
+
+    out, lse = fwd()
+    grads = bwd(out, lse)
+    for name, a, b in zip(("out", "lse"), (out, lse), on_fresh_thread(fwd)):
+        assert torch.equal(a, b), f"{name} differs on a fresh thread"
+    for name, a, b in zip(("dq", "dk", "dv"), grads, on_fresh_thread(lambda: bwd(out, lse))):
+        assert torch.equal(a, b), f"{name} differs on a fresh thread"
