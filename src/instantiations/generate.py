@@ -18,8 +18,10 @@ import kernels as K  # noqa: E402
 DTYPE_ENUM = {"fp16": "FLASHCUTE_FLOAT16", "bf16": "FLASHCUTE_BFLOAT16"}
 DTYPE_CPP = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 DIR_ENUM = {"fwd": "FLASHCUTE_FORWARD", "bwd": "FLASHCUTE_BACKWARD"}
+# What each family's kernels use: sm90 loads by TMA (both directions, cp.async where TMA cannot serve) and its
+# forward moves registers between warpgroups with setmaxnreg.
 NEEDS = {"sm80": "arch::kMmaSync | arch::kCpAsync | arch::kLdmatrix",
-         "sm90": "arch::kWgmma | arch::kCpAsync"}
+         "sm90": "arch::kWgmma | arch::kTma | arch::kSetmaxnreg | arch::kCpAsync"}
 
 
 def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=None):

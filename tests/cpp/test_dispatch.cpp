@@ -167,6 +167,19 @@ TEST(Dispatch, NoFamilyRunsWithoutItsInstructions) {
   EXPECT_EQ(select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_FLOAT16, 64}, bare, &why), nullptr);
 }
 
+TEST(Dispatch, HopperKernelsNeedTmaAndSetmaxnreg) {
+  // A Hopper profile without TMA or without setmaxnreg (hypothetical) runs no Hopper kernel: they load by TMA and
+  // the forward moves registers between warpgroups.
+  for (uint32_t lacking : {arch::kTma, arch::kSetmaxnreg}) {
+    arch::Profile hopper = *arch::find_profile(90);
+    hopper.caps &= ~lacking;
+    for (auto dir : {FLASHCUTE_FORWARD, FLASHCUTE_BACKWARD}) {
+      KernelConfig const* c = select_config(Problem{dir, FLASHCUTE_BFLOAT16, 128}, hopper, nullptr);
+      if (c) EXPECT_NE(c->family, Family::kSm90) << c->name << " without " << arch::capability_name(lacking);
+    }
+  }
+}
+
 TEST(ForcedArch, AcceptedWhereTheDeviceHasEverything) {
   arch::Profile const& h200 = *arch::find_profile(90);
   for (char const* sm : {"80", "86", "89", "90", "120", "121"}) {
