@@ -147,7 +147,15 @@ ROW_RANGES = {
     ("sm80", "fwd", 128, 64, 64, 4): (None, 64),
 }
 
-KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
+# hd64 with 128 query rows per step (FA4's hd64 tile): with TMA loads its kernel holds 255 registers and no spills
+# (the cp.async one, for varlen, 8 B), and it ran 1.11-1.17x the shipped 64-row tile, bf16, fixed length
+# (bench/RESULTS.md, twenty-fourth session, run 8; its bf16 hd64 backward grid passed under FLASHCUTE_CONFIG). A
+# candidate until the whole GPU suite (fp16, varlen, deterministic bits) has run with it as the hd64 default.
+BWD_SM90_CANDIDATES = [
+    ("sm90", "bwd", 64, 128, 128, 8, 1, 0, "candidate: 195 KB"),
+]
+
+KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90 + BWD_SM90_CANDIDATES
 
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
 # (both dtypes' code paths, both tile sets, tuning candidates left out).

@@ -247,12 +247,18 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     // Row terms from the preprocess; rows past the sequence hold its padding (lse_log2 = +inf, D = 0), so P = 0.
     // Read into registers while the MMAs run: the waits below order every shared-memory access, and reads after
     // them left the exponentials waiting on their latency (ncu, bench/RESULTS.md thirteenth session).
+    // Where a thread holds more than 16 query columns (128-row steps) they are read from shared memory where used.
     constexpr int kCols = decltype(size<1>(s))::value;
+    constexpr bool kTermsInRegs = kCols <= 16;
     float const* const rows = smem.rows + stage * 2 * kBlockM + s_base.col_base;
-    float lse2[kCols], dsum[kCols];
-    CUTE_UNROLL
-    for (int c = 0; c < kCols; ++c) lse2[c] = rows[col_term(0, c)], dsum[c] = rows[kBlockM + col_term(0, c)];
-    auto const reg_term = [](int, int c) { return c; };
+    float lse2_r[kTermsInRegs ? kCols : 1], dsum_r[kTermsInRegs ? kCols : 1];
+    if constexpr (kTermsInRegs) {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) lse2_r[c] = rows[col_term(0, c)], dsum_r[c] = rows[kBlockM + col_term(0, c)];
+    }
+    float const* const lse2 = kTermsInRegs ? lse2_r : rows;
+    float const* const dsum = kTermsInRegs ? dsum_r : rows + kBlockM;
+    auto const reg_term = [&](int r, int c) { return kTermsInRegs ? c : col_term(r, c); };
     if constexpr (kGeneral) {
       warpgroup_wait_for<0>(acc_s, acc_dp);
       grads_general(s, ds, lse2, dsum, reg_term, p.softcap_prescale, p.scale_log2,

@@ -46,7 +46,8 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // used: it costs the default mode 0.4-2.3% at hd192 and hd256, and cost it 3-4% in the hd64 kernel (bench/RESULTS.md,
   // fourteenth session). src/arch/registry.h's orders_dq_by_turns agrees.
   static constexpr bool kDqTurns = kSplitHeadDim;
-  static_assert(kBlockM == 64, "dQ = dS K: one wgmma row block, its columns split over the warpgroups");
+  static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitHeadDim),
+                "dQ = dS K: one or two wgmma row blocks, their columns split over the warpgroups");
   static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
   static_assert(kHeadDimV <= kHeadDim && kHeadDimV % (16 * kWarpgroups) == 0 &&
                 kHeadDimV % GmemCopies<Element_, kHeadDim_, kWarps_ * 32>::kRowChunk == 0);
