@@ -3,8 +3,8 @@
 // zero descriptor that faults on the device. This header points the macro at tma_driver::cuTensorMapEncodeTiled,
 // which tells CuTe that every call succeeded and keeps the driver's verdict for the launcher instead (TmaEncodeCheck):
 // a launcher whose descriptors were refused loads by cp.async, or reports an error, and never launches with them.
-// The entry point is looked up once per process and kept, so that every thread (autograd's too) reuses the lookup
-// that worked.
+// The entry point is looked up once per process, and a thread with no current CUDA context (autograd's worker, say)
+// is given the runtime's before its descriptors are encoded again.
 //
 // The macro is expanded where CuTe's header is read, so this header comes before any CUTLASS or CuTe header: the
 // Hopper launchers (sm90/*_launch.cuh) include it first, and sm90/tma.cuh refuses to compile without it.
