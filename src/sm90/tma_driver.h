@@ -28,26 +28,18 @@
 
 namespace flashcute::sm90 {
 
-// The driver's verdict on the descriptors made since the innermost live TmaEncodeCheck on this thread.
+// The driver's first refusal among the descriptors made on this thread since the last TmaEncodeCheck began.
 inline CUresult& tma_encode_verdict() {
   thread_local CUresult verdict = CUDA_SUCCESS;
   return verdict;
 }
 
-// Collects the verdict on the descriptors made during its lifetime: ok() once they are all usable.
-class TmaEncodeCheck {
- public:
-  TmaEncodeCheck() : saved_(tma_encode_verdict()) { tma_encode_verdict() = CUDA_SUCCESS; }
-  ~TmaEncodeCheck() {
-    if (saved_ != CUDA_SUCCESS) tma_encode_verdict() = saved_;
-  }
-  TmaEncodeCheck(TmaEncodeCheck const&) = delete;
-  TmaEncodeCheck& operator=(TmaEncodeCheck const&) = delete;
+// Collects the verdict on the descriptors made after it: ok() while they are all usable. One at a time per thread
+// (a launcher's; they do not nest).
+struct TmaEncodeCheck {
+  TmaEncodeCheck() { tma_encode_verdict() = CUDA_SUCCESS; }
   bool ok() const { return tma_encode_verdict() == CUDA_SUCCESS; }
   CUresult verdict() const { return tma_encode_verdict(); }
-
- private:
-  CUresult saved_;
 };
 
 namespace tma_driver {

@@ -276,7 +276,7 @@ def test_fresh_thread(hd, sq, sk):
     q, k, v = make_inputs(torch.bfloat16, hd, "plain", sq, sk, 11)
     dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
     dlse = torch.randn(q.shape[0], q.shape[2], q.shape[1], device="cuda")
-    unbounded, scale = -(2**63), 1 / math.sqrt(hd)
+    unbounded, scale = flashcute.ops.WINDOW_UNBOUNDED, 1 / math.sqrt(hd)
 
     def fwd():
         out, lse = torch.ops.flashcute.fwd(q, k, v, scale, True, unbounded, unbounded, 0.0)
