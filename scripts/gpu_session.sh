@@ -33,7 +33,7 @@ else
   cp "$dir/build.log" "$out/build.log" 2>/dev/null
 fi
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
-export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so" PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
+export FLASHCUTE_LIBRARY="$dir/lib/libflashcute.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 for t in "$dir"/tests/cpp/test_*; do
   [ -x "$t" ] || continue
   timeout "${TEST_TIMEOUT:-300}" "$t" --gtest_brief=1 > "$out/$(basename "$t").txt" 2>&1
