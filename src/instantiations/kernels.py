@@ -113,14 +113,16 @@ FWD_SM90 = [
     ("sm90", "fwd", 128, 64, 128, 4, 1, 4, "161 KB, up to 64 query rows"),
 ]
 
-# Backward, Hopper wgmma path: 64 query rows per step, Q/dO in a ring of stages, two warpgroups. With block_n 128 each
-# warpgroup owns 64 of the keys and keeps dK, dV for them in registers (head_dim / 2 floats each per thread); with
-# block_n 64 both warpgroups take the same 64 keys and split the head dim (see src/sm90/bwd_traits.cuh). hd96 runs
-# the portable kernel: 64x128 here spilled 8 B on sm_90a once the epilogue moved into common/bwd_epilogue.cuh, and
-# the spill-free 64x64 ran at 175-214 TFLOP/s on the H200 against the portable 64x128's 220-282 (bench/RESULTS.md,
+# Backward, Hopper wgmma path: 64 query rows per step (128 at hd64), Q/dO in a ring of stages, two warpgroups. With
+# block_n 128 each warpgroup owns 64 of the keys and keeps dK, dV for them in registers (head_dim / 2 floats each per
+# thread); with block_n 64 both warpgroups take the same 64 keys and split the head dim (see src/sm90/bwd_traits.cuh).
+# hd96 runs the portable kernel: 64x128 here spilled 8 B on sm_90a once the epilogue moved into common/bwd_epilogue.cuh,
+# and the spill-free 64x64 ran at 175-214 TFLOP/s on the H200 against the portable 64x128's 220-282 (bench/RESULTS.md,
 # sixth session, run D).
 BWD_SM90 = [
-    ("sm90", "bwd", 64, 64, 128, 8, 1, 3, "114 KB"),
+    # hd64 takes 128 query rows per step (FA4's hd64 tile): 1.01-1.17x the 64-row tile it replaced, default and
+    # deterministic (bench/RESULTS.md, twenty-fourth session, run 8; twenty-fifth, runs 1-3).
+    ("sm90", "bwd", 64, 128, 128, 8, 1, 4, "195 KB"),
     ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "194 KB (8 B)"),
     ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "178 KB"),
     # DeepSeek's (192, 128): V, dO and dV 128 wide, 1.06-1.12x the padded hd192 kernel (eighteenth session, run 3).
@@ -147,15 +149,7 @@ ROW_RANGES = {
     ("sm80", "fwd", 128, 64, 64, 4): (None, 64),
 }
 
-# hd64 with 128 query rows per step (FA4's hd64 tile): with TMA loads its kernel holds 255 registers and no spills
-# (the cp.async one, for varlen, 8 B), and it ran 1.11-1.17x the shipped 64-row tile, bf16, fixed length
-# (bench/RESULTS.md, twenty-fourth session, run 8; its bf16 hd64 backward grid passed under FLASHCUTE_CONFIG). A
-# candidate until the whole GPU suite (fp16, varlen, deterministic bits) has run with it as the hd64 default.
-BWD_SM90_CANDIDATES = [
-    ("sm90", "bwd", 64, 128, 128, 8, 1, 0, "candidate: 195 KB"),
-]
-
-KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90 + BWD_SM90_CANDIDATES
+KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
 
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
 # (both dtypes' code paths, both tile sets, tuning candidates left out).
