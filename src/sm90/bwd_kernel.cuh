@@ -177,16 +177,20 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   typename T::TiledMmaKV mma_kv;
   typename T::TiledMmaV mma_dv;
   typename T::TiledMmaQ mma_dq;
-  auto thr_sdp = mma_sdp.get_thread_slice(tid);
-  auto thr_kv = mma_kv.get_thread_slice(tid);
-  auto thr_dv = mma_dv.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid);
+  // Sliced for the shared-memory operands only, whose GMMA descriptors depend on the warpgroup alone: by its first
+  // thread, read through a shuffle so that ptxas knows it warp-uniform and keeps the descriptors in uniform
+  // registers (sliced by threadIdx.x it rebuilt each one in per-thread registers, moved over before every wgmma).
+  int const wg_thread = __shfl_sync(0xffffffff, tid / 128, 0) * 128;
+  auto thr_sdp = mma_sdp.get_thread_slice(wg_thread);
+  auto thr_kv = mma_kv.get_thread_slice(wg_thread);
+  auto thr_dv = mma_dv.get_thread_slice(wg_thread);
+  auto thr_dq = mma_dq.get_thread_slice(wg_thread);
   Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
   Tensor acc_dv = partition_fragment_C(mma_dv, tile_v);   // (MMA, MMA_N, MMA_Dv)
   clear(acc_dk);
   clear(acc_dv);
 
-  auto sts_ds = make_tiled_copy_C(typename T::SmemStoreC{}, mma_sdp);
+  auto sts_ds = make_tiled_copy_C(typename T::SmemStoreS{}, mma_sdp);
   auto sts_ds_thr = sts_ds.get_thread_slice(tid);
   Tensor tdSsdS = sts_ds_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, stage)
   Tensor tPsPt = sts_ds_thr.partition_D(sPt);
