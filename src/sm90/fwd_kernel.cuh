@@ -281,8 +281,11 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
 
   typename T::TiledMmaS mma_s;
   typename T::TiledMmaO mma_o;
-  auto thr_s = mma_s.get_thread_slice(tid);
-  auto thr_o = mma_o.get_thread_slice(tid);
+  // Sliced by the warpgroup's first thread, warp-uniform through a shuffle: the descriptors then stay in uniform
+  // registers (src/sm90/bwd_kernel.cuh says more).
+  int const wg_thread = __shfl_sync(0xffffffff, group, 0) * 128;
+  auto thr_s = mma_s.get_thread_slice(wg_thread);
+  auto thr_o = mma_o.get_thread_slice(wg_thread);
   Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ));    // GMMA descriptors (MMA, MMA_M, MMA_D)
   Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK));    // (MMA, MMA_N, MMA_D, stage)
   Tensor tOrVt = thr_o.make_fragment_B(thr_o.partition_B(sVt));  // (MMA, MMA_D, MMA_N, stage)
