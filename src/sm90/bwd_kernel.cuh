@@ -177,10 +177,13 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   typename T::TiledMmaKV mma_kv;
   typename T::TiledMmaV mma_dv;
   typename T::TiledMmaQ mma_dq;
-  // Sliced for the shared-memory operands only, whose GMMA descriptors depend on the warpgroup alone: by its first
-  // thread, read through a shuffle so that ptxas knows it warp-uniform and keeps the descriptors in uniform
-  // registers (sliced by threadIdx.x it rebuilt each one in per-thread registers, moved over before every wgmma).
-  int const wg_thread = __shfl_sync(0xffffffff, tid / 128, 0) * 128;
+  // Sliced for the shared-memory operands only, whose GMMA descriptors depend on the warpgroup alone. kTma: by its
+  // first thread, read through a shuffle so that ptxas knows it warp-uniform and keeps the descriptors in uniform
+  // registers (sliced by threadIdx.x it rebuilt each one in per-thread registers, moved over before every wgmma:
+  // the hd128 plain step went from 828 to 609 SASS instructions with this and stmatrix, bench/RESULTS.md,
+  // twenty-fifth session, run 4). The cp.async kernels keep the thread's slice: the same change made the hd64 one
+  // spill 80-100 B where it spilled 8.
+  int const wg_thread = kTma ? __shfl_sync(0xffffffff, tid / 128, 0) * 128 : tid;
   auto thr_sdp = mma_sdp.get_thread_slice(wg_thread);
   auto thr_kv = mma_kv.get_thread_slice(wg_thread);
   auto thr_dv = mma_dv.get_thread_slice(wg_thread);
@@ -190,7 +193,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   clear(acc_dk);
   clear(acc_dv);
 
-  auto sts_ds = make_tiled_copy_C(typename T::SmemStoreS{}, mma_sdp);
+  auto sts_ds = make_tiled_copy_C(std::conditional_t<kTma, typename T::SmemStoreS, typename T::SmemStoreC>{}, mma_sdp);
   auto sts_ds_thr = sts_ds.get_thread_slice(tid);
   Tensor tdSsdS = sts_ds_thr.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, stage)
   Tensor tPsPt = sts_ds_thr.partition_D(sPt);

@@ -122,10 +122,12 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   using SmemLayoutdS = decltype(composition(
       SmemLayoutdSt{},
       make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}, Step<_2, _1, _3>{})));
-  // Register -> shared stores of accumulator pairs (dK, dV, dQ in its conversion).
+  // Register -> shared stores of accumulator pairs (dK, dV, dQ in its conversion; dS^T and P^T in the cp.async
+  // kernels).
   using SmemStoreC = Copy_Atom<SharedStore32, Element>;
-  // dS^T and P^T, every step: stmatrix, four 8 x 8 matrices (16 B of a row per lane) per instruction. With 32-bit
-  // stores each of a thread's 16 (hd128) took its own swizzled address, about six instructions apiece.
+  // dS^T and P^T in the TMA kernels, every step: stmatrix, four 8 x 8 matrices (16 B of a row per lane) per
+  // instruction. With 32-bit stores each of a thread's 16 (hd128) took its own swizzled address, about six
+  // instructions apiece.
   using SmemStoreS = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
   // TMA (fixed-length batches, BwdParams): Q and dO one query tile into a stage, with its rows' lse_log2 and D by
