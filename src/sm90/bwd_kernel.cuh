@@ -182,7 +182,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   // registers (sliced by threadIdx.x it rebuilt each one in per-thread registers, moved over before every wgmma:
   // the hd128 plain step went from 828 to 609 SASS instructions with this and stmatrix, bench/RESULTS.md,
   // twenty-fifth session, run 4). The cp.async kernels keep the thread's slice: the same change made the hd64 one
-  // spill 80-100 B where it spilled 8.
+  // spill 80-100 B where it spilled 8. CUTLASS's canonical_warp_group_idx() is the same shuffle of threadIdx.x, but
+  // ptxas allocates the kernels differently with it (the hd64 TMA one spilling 16 B instead of 12), untimed.
   int const wg_thread = kTma ? __shfl_sync(0xffffffff, tid / 128, 0) * 128 : tid;
   auto thr_sdp = mma_sdp.get_thread_slice(wg_thread);
   auto thr_kv = mma_kv.get_thread_slice(wg_thread);
