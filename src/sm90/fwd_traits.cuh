@@ -42,7 +42,12 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   // Paged rows gathered this many at a time (copy_rows_zfill; 0: a whole tile).
   static constexpr int kGatherGroup = kBlockM == 64 ? 0 : 4;
   static constexpr int kConsumerRegs = kBlockM == 192 ? 160 : kBlockN > 128 ? 240 : 232;
-  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 65536);
+  // setmaxnreg moves registers within what the CTA was launched with (the kernel's count, which ptxas sets from
+  // the launch bounds: 65536 / threads, a multiple of 8, at most 255): asking more than that hangs the consumers'
+  // increase forever. 384 threads launch with 168 each, so 32 + 240 (65536 in all) deadlocks where 24 + 240 fits.
+  static constexpr int kLaunchRegs = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= kLaunchRegs * kThreads,
+                "setmaxnreg budgets exceed the registers the CTA launches with");
   // The consumer warpgroups take turns issuing their MMAs at head dims up to 128 only, as FA3 does: beyond, one
   // warpgroup's softmax is short beside its own MMAs, and the turn barriers only delay issue.
   static constexpr bool kTakeTurns = kHeadDim <= 128;
