@@ -68,30 +68,41 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
     args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
     if out is None and lse is None:
         return _compat.with_lse_grad(_ops.fwd(q, k, v, *args, learnable_sink), return_lse)
-    if learnable_sink is not None:
-        raise ValueError("learnable_sink cannot be combined with out=/lse= yet")
     _no_autograd("flash_attn_func(out=, lse=)", (q, k, v))
     _ops._check_inputs(q, k, v)
     if out is None:
         out = q.new_empty((*q.shape[:3], v.shape[3]))
     if lse is None:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_ops._lse_dtype(q.dtype))
-    _ops.fwd_into(q, k, v, out, lse, *args[:-1])
+    _ops.fwd_into(q, k, v, out, lse, *args[:-1], learnable_sink)
     return out, lse
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, dlse=None, softmax_scale=None, causal=False,
-                        window_size=(None, None), softcap=0.0, deterministic=False, dq=None, dk=None, dv=None):
+                        window_size=(None, None), softcap=0.0, deterministic=False, dq=None, dk=None, dv=None,
+                        learnable_sink=None, dsink=None):
     """The gradients of flash_attn_func's (out, lse) with respect to q, k, v, given dout (and dlse, None for
     zero), without autograd: returns (dq, dk, dv), written into dq=, dk=, dv= where given (any strides; shapes and
     dtypes of q, k, v). The other arguments must be those of the forward call that gave out and lse.
+    With the forward's learnable_sink it returns (dq, dk, dv, dsink), the sink's gradient written into dsink= where
+    given (the sink's shape and dtype).
     """
     if _torch is None:
         raise ModuleNotFoundError("flash_attn_backward needs torch")
     args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
     _ops._check_bwd(dout, dlse, q, k, v, out, lse)
-    dq, dk, dv = (_torch.empty_like(t) if g is None else g for g, t in ((dq, q), (dk, k), (dv, v)))
+    if learnable_sink is None and dsink is not None:
+        raise ValueError("dsink= is the learnable sink's gradient: pass learnable_sink too")
     deterministic = args[-1] or _torch.are_deterministic_algorithms_enabled()
+    if learnable_sink is not None:  # the functional op (the sink's gradient is one more output), then the copies
+        _ops._check_sink(q, learnable_sink, q.shape[2])
+        _ops._check_buffers(q, [(name, g, t.shape, t.dtype) for name, g, t in
+                                (("dq", dq, q), ("dk", dk, k), ("dv", dv, v), ("dsink", dsink, learnable_sink))
+                                if g is not None])
+        with _torch.no_grad():
+            grads = _ops.bwd(dout, dlse, q, k, v, out, lse, *args[:-1], deterministic, learnable_sink)
+            return tuple(g if buf is None else buf.copy_(g) for g, buf in zip(grads, (dq, dk, dv, dsink)))
+    dq, dk, dv = (_torch.empty_like(t) if g is None else g for g, t in ((dq, q), (dk, k), (dv, v)))
     with _torch.no_grad():
         _ops.bwd_into(dout, dlse, q, k, v, out, lse, dq, dk, dv, *args[:-1], deterministic)
     return dq, dk, dv
@@ -151,8 +162,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softma
     scale, causal, left, right, softcap, deterministic = _arguments(q, softmax_scale, causal, window_size, softcap,
                                                                     deterministic)
     if out is not None or lse is not None:
-        if learnable_sink is not None:
-            raise ValueError("learnable_sink cannot be combined with out=/lse= yet")
         _no_autograd("flash_attn_varlen_func(out=, lse=)", (q, k, v))
 
     def packed(q, k, v, cu_q, cu_k, max_q, max_k, out, lse):
@@ -167,7 +176,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softma
             out = q.new_empty((*q.shape[:2], v.shape[2]))
         if lse is None:
             lse = q.new_empty((q.shape[1], q.shape[0]), dtype=_ops._lse_dtype(q.dtype))
-        _ops.varlen_fwd_into(q, k, v, out, lse, *seqs, *maxima, scale, causal, left, right, softcap)
+        _ops.varlen_fwd_into(q, k, v, out, lse, *seqs, *maxima, scale, causal, left, right, softcap,
+                             learnable_sink)
         return out, lse
 
     if cu_seqlens_q is None or cu_seqlens_k is None:

@@ -703,25 +703,28 @@ _INTO_ARGS = "float softmax_scale, bool causal, int window_left, int window_righ
 
 
 @torch.library.custom_op("flashcute::fwd_into", mutates_args=("out", "lse"),
-                         schema=f"(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, {_INTO_ARGS}) -> ()")
+                         schema=(f"(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, {_INTO_ARGS}, "
+                                 "Tensor? learnable_sink=None) -> ()"))
 def fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, causal: bool,
-             window_left: int, window_right: int, softcap: float) -> None:
+             window_left: int, window_right: int, softcap: float, learnable_sink: Optional[Tensor] = None) -> None:
     _check_inputs(q, k, v)
+    _check_sink(q, learnable_sink, q.shape[2])
     batch, seqlen_q, nheads, _ = q.shape
     _check_buffers(q, (("out", out, (batch, seqlen_q, nheads, v.shape[3]), q.dtype),
                        ("lse", lse, (batch, nheads, seqlen_q), _lse_dtype(q.dtype))))
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
-        _run_into(((out, False, None), (lse, True, None)), lambda o, l: run_forward(q, k, v, o, l, args))
+        _run_into(((out, False, None), (lse, True, None)), lambda o, l: run_forward(q, k, v, o, l, args, sink=learnable_sink))
         return
-    o, l = fwd(q, k, v, *args)
+    o, l = fwd(q, k, v, *args, False, learnable_sink)
     out.copy_(o)
     lse.copy_(l)
 
 
 @fwd_into.register_fake
-def _(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap):
+def _(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, learnable_sink=None):
     _check_inputs(q, k, v)
+    _check_sink(q, learnable_sink, q.shape[2])
 
 
 @torch.library.custom_op("flashcute::bwd_into", mutates_args=("dq", "dk", "dv"),
@@ -749,14 +752,15 @@ def _(dout, dlse, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, window_l
 
 
 @torch.library.custom_op("flashcute::varlen_fwd_into", mutates_args=("out", "lse"),
-                         schema=(f"(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, {_VARLEN_ARGS}) "
-                                 "-> ()"))
+                         schema=(f"(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, {_VARLEN_ARGS}, "
+                                 "Tensor? learnable_sink=None) -> ()"))
 def varlen_fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
                     cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], seqused_q: Optional[Tensor],
                     max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-                    window_right: int, softcap: float) -> None:
+                    window_right: int, softcap: float, learnable_sink: Optional[Tensor] = None) -> None:
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
     _check_varlen(q, k, v, *varlen)
+    _check_sink(q, learnable_sink, q.shape[1])
     total_q, nheads, _ = q.shape
     _check_buffers(q, (("out", out, (total_q, nheads, v.shape[2]), q.dtype),
                        ("lse", lse, (nheads, total_q), _lse_dtype(q.dtype))))
@@ -766,14 +770,15 @@ def varlen_fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, c
         seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
         # Padding rows (in no sequence) start as out 0, lse -inf, as flash_attn_varlen_func defines them.
         _run_into(((out, False, 0.0), (lse, True, float("-inf"))),
-                  lambda o, l: run_forward(q, k, v, o, l, args, (*seqs, max_q, max_k)))
+                  lambda o, l: run_forward(q, k, v, o, l, args, (*seqs, max_q, max_k), sink=learnable_sink))
         return
-    o, l = varlen_fwd(q, k, v, *varlen, *args)
+    o, l = varlen_fwd(q, k, v, *varlen, *args, False, learnable_sink)
     out.copy_(o)
     lse.copy_(l)
 
 
 @varlen_fwd_into.register_fake
 def _(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k, softmax_scale,
-      causal, window_left, window_right, softcap):
+      causal, window_left, window_right, softcap, learnable_sink=None):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k)
+    _check_sink(q, learnable_sink, q.shape[1])

@@ -69,6 +69,41 @@ def test_varlen_forward_into_buffers(device):
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_sink_into_buffers(device):
+    """learnable_sink with out=/lse= (both entry points) and with flash_attn_backward's buffers, dsink= included."""
+    q, k, v = _inputs(device)
+    sink = torch.linspace(-1.0, 1.5, q.shape[2], device=device)
+    ref_out, ref_lse = flashcute.flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+    out, lse = _strided_like(ref_out), torch.full_like(ref_lse, float("nan"))
+    got = flashcute.flash_attn_func(q, k, v, causal=True, learnable_sink=sink, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+    cu = torch.tensor([0, 20, 33], dtype=torch.int32, device=device)
+    qv, kv, vv = (t[0] for t in (q, k, v))
+    ref = flashcute.flash_attn_varlen_func(qv, kv[:33], vv[:33], cu, cu, causal=True, learnable_sink=sink)
+    got = flashcute.flash_attn_varlen_func(qv, kv[:33], vv[:33], cu, cu, causal=True, learnable_sink=sink,
+                                           out=torch.full_like(ref[0], float("nan")), lse=torch.empty_like(ref[1]))
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, sink)]
+    out, lse = flashcute.flash_attn_func(*leaves[:3], causal=True, deterministic=True, learnable_sink=leaves[3])
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    ref = torch.autograd.grad((out, lse), leaves, (dout, dlse))
+    dsink = torch.full_like(sink, float("nan"))
+    got = flashcute.flash_attn_backward(dout, q, k, v, out.detach(), lse.detach(), dlse, causal=True,
+                                        deterministic=True, dq=_strided_like(q), learnable_sink=sink, dsink=dsink)
+    assert len(got) == 4 and got[3] is dsink
+    for name, a, b in zip(("dq", "dk", "dv", "dsink"), got, ref):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="dsink= is the learnable sink's gradient"):
+        flashcute.flash_attn_backward(dout, q, k, v, out.detach(), lse.detach(), dsink=dsink)
+    with pytest.raises(ValueError, match="dsink must have dtype"):
+        flashcute.flash_attn_backward(dout, q, k, v, out.detach(), lse.detach(), learnable_sink=sink,
+                                      dsink=dsink.double())
+
+
 def test_buffers_are_checked_by_name():
     q, k, v = _inputs("cpu")
     out, lse = flashcute.flash_attn_func(q, k, v)
@@ -98,3 +133,5 @@ def test_opcheck():
     ops.fwd_into(q, k, v, out, lse, *args)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     torch.library.opcheck(ops.bwd_into, (torch.randn_like(out), None, q, k, v, out, lse, dq, dk, dv, *args, True))
+    sink = torch.randn(q.shape[2])
+    torch.library.opcheck(ops.fwd_into, (q, k, v, out, lse, *args, sink))
