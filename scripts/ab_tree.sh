@@ -10,7 +10,9 @@
 #                                                       default all) for the GPU found there and prints the
 #                                                       library's path last:
 #            FLASHCUTE_LIBRARY="$(bash scripts/ab_tree.sh build sm90_fwd_bf16 | tail -n1)" python3 bench/run.py ...
-# Several trees build one after another (or side by side, with fewer jobs each). Delete the .tar files once done
+# The test binaries are not built (the library is what an A/B times). Several trees build one after another (or
+# side by side: start each in the background and wait for their PIDs, never a bare `wait` in a script whose output
+# goes through `exec > >(tee ...)`, which also waits for the tee and hangs until the device call's limit). Delete the .tar files once done
 # (they are not ignored, so git status shows them).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -27,7 +29,7 @@ case "${1:-}" in
     rm -rf "$dir" && mkdir -p "$dir"
     tar -C "$dir" -xf "$root/$name.tar"
     ln -sfn "$root/third_party" "$dir/third_party"
-    bash "$dir/scripts/build.sh" auto -DFLASHCUTE_KERNELS="${2:-all}" 2> "$dir/build.txt" | tail -n1 | sed 's|$|/lib/libflashcute.so|' ;;
+    bash "$dir/scripts/build.sh" auto -DFLASHCUTE_KERNELS="${2:-all}" -DFLASHCUTE_BUILD_TESTS=OFF 2> "$dir/build.txt" | tail -n1 | sed 's|$|/lib/libflashcute.so|' ;;
   *)
     echo "usage: scripts/ab_tree.sh pack REF [NAME] | build [KERNELS] [NAME]" >&2
     exit 2 ;;
