@@ -12,8 +12,8 @@
 #            FLASHCUTE_LIBRARY="$(bash scripts/ab_tree.sh build sm90_fwd_bf16 | tail -n1)" python3 bench/run.py ...
 # The test binaries are not built (the library is what an A/B times). Several trees build one after another (or
 # side by side: start each in the background and wait for their PIDs, never a bare `wait` in a script whose output
-# goes through `exec > >(tee ...)`, which also waits for the tee and hangs until the device call's limit). Delete the .tar files once done
-# (they are not ignored, so git status shows them).
+# goes through `exec > >(tee ...)`, which also waits for the tee and hangs until the device call's limit).
+# Delete the .tar files once done (they are not ignored, so git status shows them).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 case "${1:-}" in
