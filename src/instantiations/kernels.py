@@ -90,7 +90,8 @@ BWD_SM80 = [
 # and most paged caches, cp.async for varlen), two K/V stages, and an O buffer where it fits (kOwnO: all but hd192,
 # hd256 and the n176 candidate). block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192,
 # hd128 n160/n176, hd192 n112, hd256 n80) were 2-20% slower at 16k except hd64 n192 (+5% at 16k, -7% at 1k), and
-# n176 / n80 spill (bench/RESULTS.md, eighth session, run 3).
+# n176 / n80 spill (bench/RESULTS.md, eighth session, run 3). hd256 n80, FA4's tile, again on the persistent kernel
+# with FA4's 240 / 24 registers and with ours: 25-30% slower than n64 in both (twenty-seventh session).
 # H200, bf16, 16k tokens, persistent grid (bench/RESULTS.md, sixteenth session, run 3, with each config's spills, all
 # at tile boundaries): ÷ FA4 hd64 0.90-1.07, hd128 0.90-1.05, hd256 0.83-1.00.
 FWD_SM90 = [
