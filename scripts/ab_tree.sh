@@ -29,7 +29,8 @@ case "${1:-}" in
     rm -rf "$dir" && mkdir -p "$dir"
     tar -C "$dir" -xf "$root/$name.tar"
     ln -sfn "$root/third_party" "$dir/third_party"
-    bash "$dir/scripts/build.sh" auto -DFLASHCUTE_KERNELS="${2:-all}" -DFLASHCUTE_BUILD_TESTS=OFF 2> "$dir/build.txt" | tail -n1 | sed 's|$|/lib/libflashcute.so|' ;;
+    bash "$dir/scripts/build.sh" auto -DFLASHCUTE_KERNELS="${2:-all}" -DFLASHCUTE_BUILD_TESTS=OFF 2> "$dir/build.txt" |
+      tail -n1 | sed 's|$|/lib/libflashcute.so|' ;;
   *)
     echo "usage: scripts/ab_tree.sh pack REF [NAME] | build [KERNELS] [NAME]" >&2
     exit 2 ;;

@@ -91,21 +91,14 @@ def flash_attn_backward(dout, q, k, v, out, lse, dlse=None, softmax_scale=None, 
         raise ModuleNotFoundError("flash_attn_backward needs torch")
     args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
     _ops._check_bwd(dout, dlse, q, k, v, out, lse)
-    if learnable_sink is None and dsink is not None:
-        raise ValueError("dsink= is the learnable sink's gradient: pass learnable_sink too")
-    deterministic = args[-1] or _torch.are_deterministic_algorithms_enabled()
-    if learnable_sink is not None:  # the functional op (the sink's gradient is one more output), then the copies
-        _ops._check_sink(q, learnable_sink, q.shape[2])
-        _ops._check_buffers(q, [(name, g, t.shape, t.dtype) for name, g, t in
-                                (("dq", dq, q), ("dk", dk, k), ("dv", dv, v), ("dsink", dsink, learnable_sink))
-                                if g is not None])
-        with _torch.no_grad():
-            grads = _ops.bwd(dout, dlse, q, k, v, out, lse, *args[:-1], deterministic, learnable_sink)
-            return tuple(g if buf is None else buf.copy_(g) for g, buf in zip(grads, (dq, dk, dv, dsink)))
+    _ops._check_sink(q, learnable_sink, q.shape[2])
     dq, dk, dv = (_torch.empty_like(t) if g is None else g for g, t in ((dq, q), (dk, k), (dv, v)))
+    if learnable_sink is not None and dsink is None:
+        dsink = _torch.empty_like(learnable_sink)
+    deterministic = args[-1] or _torch.are_deterministic_algorithms_enabled()
     with _torch.no_grad():
-        _ops.bwd_into(dout, dlse, q, k, v, out, lse, dq, dk, dv, *args[:-1], deterministic)
-    return dq, dk, dv
+        _ops.bwd_into(dout, dlse, q, k, v, out, lse, dq, dk, dv, *args[:-1], deterministic, learnable_sink, dsink)
+    return (dq, dk, dv) if learnable_sink is None else (dq, dk, dv, dsink)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax_scale=None, causal=False,

@@ -714,7 +714,8 @@ def fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_
                        ("lse", lse, (batch, nheads, seqlen_q), _lse_dtype(q.dtype))))
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
-        _run_into(((out, False, None), (lse, True, None)), lambda o, l: run_forward(q, k, v, o, l, args, sink=learnable_sink))
+        _run_into(((out, False, None), (lse, True, None)),
+                  lambda o, l: run_forward(q, k, v, o, l, args, sink=learnable_sink))
         return
     o, l = fwd(q, k, v, *args, False, learnable_sink)
     out.copy_(o)
@@ -727,28 +728,41 @@ def _(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softc
     _check_sink(q, learnable_sink, q.shape[2])
 
 
-@torch.library.custom_op("flashcute::bwd_into", mutates_args=("dq", "dk", "dv"),
+@torch.library.custom_op("flashcute::bwd_into", mutates_args=("dq", "dk", "dv", "dsink"),
                          schema=("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                                 f"Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, {_INTO_ARGS}, bool deterministic) "
-                                 "-> ()"))
+                                 f"Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, {_INTO_ARGS}, bool deterministic, "
+                                 "Tensor? learnable_sink=None, Tensor(d!)? dsink=None) -> ()"))
 def bwd_into(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
              dq: Tensor, dk: Tensor, dv: Tensor, softmax_scale: float, causal: bool, window_left: int,
-             window_right: int, softcap: float, deterministic: bool) -> None:
-    _check_bwd(dout, dlse, q, k, v, out, lse)
-    _check_buffers(q, (("dq", dq, q.shape, q.dtype), ("dk", dk, k.shape, k.dtype), ("dv", dv, v.shape, v.dtype)))
+             window_right: int, softcap: float, deterministic: bool, learnable_sink: Optional[Tensor] = None,
+             dsink: Optional[Tensor] = None) -> None:
+    """dsink: the sink's gradient buffer (the sink's shape and dtype), None where it is not wanted."""
+    _check_into_bwd(dout, dlse, q, k, v, out, lse, dq, dk, dv, learnable_sink, dsink)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
         _run_into(((dq, False, None), (dk, False, None), (dv, False, None)),
-                  lambda a, b, c: run_backward(dout, dlse, q, k, v, out, lse, a, b, c, args, deterministic))
+                  lambda a, b, c: run_backward(dout, dlse, q, k, v, out, lse, a, b, c, args, deterministic,
+                                               sink=(learnable_sink, dsink)))
         return
-    for dst, src in zip((dq, dk, dv), bwd(dout, dlse, q, k, v, out, lse, *args, deterministic)):
-        dst.copy_(src)
+    grads = bwd(dout, dlse, q, k, v, out, lse, *args, deterministic, learnable_sink)
+    for dst, src in zip((dq, dk, dv, dsink), grads):
+        if dst is not None:
+            dst.copy_(src)
+
+
+def _check_into_bwd(dout, dlse, q, k, v, out, lse, dq, dk, dv, sink, dsink):
+    _check_bwd(dout, dlse, q, k, v, out, lse)
+    _check_sink(q, sink, q.shape[2])
+    if dsink is not None and sink is None:
+        raise ValueError("dsink= is the learnable sink's gradient: pass learnable_sink too")
+    buffers = [("dq", dq, q.shape, q.dtype), ("dk", dk, k.shape, k.dtype), ("dv", dv, v.shape, v.dtype)]
+    _check_buffers(q, buffers + ([] if dsink is None else [("dsink", dsink, sink.shape, sink.dtype)]))
 
 
 @bwd_into.register_fake
 def _(dout, dlse, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap,
-      deterministic):
-    _check_bwd(dout, dlse, q, k, v, out, lse)
+      deterministic, learnable_sink=None, dsink=None):
+    _check_into_bwd(dout, dlse, q, k, v, out, lse, dq, dk, dv, learnable_sink, dsink)
 
 
 @torch.library.custom_op("flashcute::varlen_fwd_into", mutates_args=("out", "lse"),

@@ -135,3 +135,5 @@ def test_opcheck():
     torch.library.opcheck(ops.bwd_into, (torch.randn_like(out), None, q, k, v, out, lse, dq, dk, dv, *args, True))
     sink = torch.randn(q.shape[2])
     torch.library.opcheck(ops.fwd_into, (q, k, v, out, lse, *args, sink))
+    torch.library.opcheck(ops.bwd_into, (torch.randn_like(out), None, q, k, v, out, lse, dq, dk, dv, *args, True, sink,
+                                         torch.empty_like(sink)))
