@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Other source trees beside this one, for A/B timing on a lent GPU machine in one call (bench/RESULTS.md, tenth
 # session, run 5). Two steps:
-#   here:    bash scripts/ab_tree.sh pack REF [NAME]    writes NAME.tar (default ab-tree; REF's sources, untracked,
-#                                                       so the device tool copies it with the working tree) and
-#                                                       prints its size
+#   here:    bash scripts/ab_tree.sh pack REF [NAME [PATCH...]]
+#                                                       writes NAME.tar (default ab-tree; REF's sources, with the
+#                                                       git-format-patch files PATCH... applied in order, e.g. those
+#                                                       of bench/pending/; untracked, so the device tool copies it
+#                                                       with the working tree) and prints its size
 #   device:  bash scripts/ab_tree.sh build [KERNELS] [NAME]
 #                                                       unpacks NAME.tar into /tmp/NAME (sharing this tree's
 #                                                       third_party/), builds the kernel subset KERNELS (a regex,
@@ -18,11 +20,22 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 case "${1:-}" in
   pack)
-    ref="${2:?usage: scripts/ab_tree.sh pack REF [NAME]}"
+    ref="${2:?usage: scripts/ab_tree.sh pack REF [NAME [PATCH...]]}"
     name="${3:-ab-tree}"
-    git -C "$root" archive --format=tar "$ref" CMakeLists.txt cmake include src scripts tests python reference \
+    shift $(( $# < 3 ? $# : 3 ))
+    tree="$ref" patched=""
+    if [ $# -gt 0 ]; then
+      tmp="$(mktemp -d)"
+      git -C "$root" worktree add -q --detach "$tmp/tree" "$ref"
+      for f in "$@"; do
+        git -C "$tmp/tree" -c user.name=ab -c user.email=ab@localhost am -q "$(cd "$(dirname "$f")" && pwd)/$(basename "$f")"
+      done
+      tree="$(git -C "$tmp/tree" rev-parse HEAD)" patched=" + $# patch(es)"
+    fi
+    git -C "$root" archive --format=tar "$tree" CMakeLists.txt cmake include src scripts tests python reference \
       > "$root/$name.tar"
-    echo "$name.tar: $ref ($(git -C "$root" rev-parse --short "$ref")), $(du -h "$root/$name.tar" | cut -f1)" ;;
+    [ -n "$patched" ] && git -C "$root" worktree remove --force "$tmp/tree" && rm -rf "$tmp"
+    echo "$name.tar: $ref ($(git -C "$root" rev-parse --short "$ref"))$patched, $(du -h "$root/$name.tar" | cut -f1)" ;;
   build)
     name="${3:-ab-tree}"
     dir="/tmp/$name"
@@ -32,6 +45,6 @@ case "${1:-}" in
     bash "$dir/scripts/build.sh" auto -DFLASHCUTE_KERNELS="${2:-all}" -DFLASHCUTE_BUILD_TESTS=OFF 2> "$dir/build.txt" |
       tail -n1 | sed 's|$|/lib/libflashcute.so|' ;;
   *)
-    echo "usage: scripts/ab_tree.sh pack REF [NAME] | build [KERNELS] [NAME]" >&2
+    echo "usage: scripts/ab_tree.sh pack REF [NAME [PATCH...]] | build [KERNELS] [NAME]" >&2
     exit 2 ;;
 esac
