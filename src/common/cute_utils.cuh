@@ -151,6 +151,21 @@ CUTE_DEVICE void gemm_rs(Acc& acc, RA const& rA, RB& rB, SB const& sB, TiledMma 
   gemm_b_streamed<kB>(acc, rA, rB, sB, mma, copy_b, [](auto) {});
 }
 
+// acc += A * B with B already in registers (V, held across the portable backward's key tile) and A streamed from
+// shared memory one k-slice ahead of the MMAs.
+template <class Acc, class RA, class RB, class SA, class TiledMma, class CopyA>
+CUTE_DEVICE void gemm_sr(Acc& acc, RA& rA, RB const& rB, SA const& sA, TiledMma const& mma, CopyA const& copy_a) {
+  auto rA_view = copy_a.get_slice(threadIdx.x).retile_D(rA);
+  CUTE_STATIC_ASSERT_V(size<1>(sA) == size<1>(rA_view));  // M
+  constexpr int kSlices = decltype(size<2>(rA))::value;
+  cute::copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < kSlices; ++k) {
+    if (k + 1 < kSlices) cute::copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
 // Global <-> shared tile copies in 16-byte vectors: each row chunk of kRowChunk columns (64, or 32 when the head
 // dim is no multiple of 64) is covered by kRowChunk / 8 threads, the rest of the threads take further rows.
 template <class Element, int kHeadDim, int kThreads>

@@ -45,8 +45,8 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=
         tiles = (stages * block_m + block_n) * (head_dim + dv) + 2 * (2 if split else 1) * block_n * block_m
         return tiles * 2 + rows
     if direction == "bwd":
-        from kernels import bwd_smem_bytes  # defined with the backward entries
-        return bwd_smem_bytes(head_dim, block_m, block_n, warps)
+        tile = (head_dim, block_m, block_n, warps)
+        return K.bwd_smem_bytes(*tile, v_in_regs=tile in K.BWD_V_IN_REGS)
     return 0
 
 
@@ -55,7 +55,8 @@ def configs():
     for fam, direction, dims, bm, bn, warps, ctas, prio, why in K.KERNELS:
         hd, dv = dims if isinstance(dims, tuple) else (dims, dims)  # (head_dim, head_dim_v) where V's differs
         for dt in K.DTYPES:
-            name = f"{fam}_{direction}_{dt}_hd{hd}{'' if dv == hd else f'v{dv}'}_m{bm}n{bn}w{warps}"
+            vr = "vr" if fam == "sm80" and direction == "bwd" and (hd, bm, bn, warps) in K.BWD_V_IN_REGS else ""
+            name = f"{fam}_{direction}_{dt}_hd{hd}{'' if dv == hd else f'v{dv}'}_m{bm}n{bn}w{warps}{vr}"
             lo, hi = K.ROW_RANGES.get((fam, direction, dims, bm, bn, warps), (None, None))
             out.append(dict(name=name, family=fam, direction=direction, dtype=dt, head_dim=hd, head_dim_v=dv,
                             block_m=bm, block_n=bn, warps=warps, ctas=ctas, prio=prio, why=why,
@@ -72,7 +73,8 @@ def selected(cfgs, subset, sm90):
     if subset == "none":
         return []
     if subset == "ci":
-        return [c for c in cfgs if (c["dtype"], c["head_dim"]) in K.CI_CASES and c["prio"] > 0]
+        return [c for c in cfgs
+                if ((c["dtype"], c["head_dim"]) in K.CI_CASES and c["prio"] > 0) or c["name"] in K.CI_EXTRA]
     pattern = re.compile(subset)
     return [c for c in cfgs if pattern.search(c["name"])]
 
@@ -89,6 +91,8 @@ def write_if_changed(path, text):
 def traits_args(c):
     """The traits' template arguments; V's head dim only where it differs (the traits default it to head_dim)."""
     dv = f', {c["head_dim_v"]}' if c["head_dim_v"] != c["head_dim"] else ""
+    if c["name"].endswith("vr"):
+        dv = ", true"  # BwdTraits' kVInRegs (the portable backward pads V to Q's head dim)
     return f'{DTYPE_CPP[c["dtype"]]}, {c["head_dim"]}, {c["block_m"]}, {c["block_n"]}, {c["warps"]}{dv}'
 
 

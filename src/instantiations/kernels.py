@@ -49,7 +49,8 @@ FWD_SM80 = [
 # Backward, portable mma.sync path (FA2's design: one CTA per key tile, dQ added into a float32 workspace).
 # Shared memory: Q with its rows' lse_log2 and D, dO (block_m x D), K, V (block_n x D), P, dS (block_m x block_n),
 # plus a second Q stage when that keeps the tile inside the profile class it was sized for (99 / 163 / 227 KB).
-# Mirrors bwd_double_buffer_q() and SharedStorage in src/sm80/bwd_traits.cuh, which static_asserts the result.
+# Tiles in BWD_V_IN_REGS hold V in registers, P and dS taking its shared memory. Mirrors bwd_double_buffer_q() and
+# SharedStorage in src/sm80/bwd_traits.cuh, which static_asserts the result.
 _SMEM_CLASSES = (101376, 166912, 232448)
 
 
@@ -57,9 +58,10 @@ def _bwd_smem_class(nbytes):
     return next((i for i, c in enumerate(_SMEM_CLASSES) if nbytes <= c), len(_SMEM_CLASSES))
 
 
-def bwd_smem_bytes(head_dim, block_m, block_n, warps):
+def bwd_smem_bytes(head_dim, block_m, block_n, warps, v_in_regs=False):
     q_stage = 2 * block_m * head_dim + 8 * block_m  # Q plus its rows' lse_log2 and D (float32)
-    single = q_stage + 2 * (block_m * head_dim + 2 * block_n * head_dim + 2 * block_m * block_n)
+    v, pds = block_n * head_dim, 2 * block_m * block_n
+    single = q_stage + 2 * (block_m * head_dim + block_n * head_dim + (max(v, pds) if v_in_regs else v + pds))
     double = _bwd_smem_class(single + q_stage) == _bwd_smem_class(single)
     return single + (q_stage if double else 0)
 
@@ -69,8 +71,10 @@ def bwd_smem_bytes(head_dim, block_m, block_n, warps):
 # tile ships even where ptxas spills a few bytes (spill stores on sm_90a in brackets): timed under the
 # occupancy-faithful FLASHCUTE_ARCH=80 / 86 on the H200 (bench/RESULTS.md, ninth session, run 3), the big-smem
 # tiles beat the spill-free ones they replace by 4-13% (hd64 128x128 vs 64x128), 21-40% (hd128 64x128 vs 64x64),
-# 17-24% (hd192 64x64 vs 32x64) and 19-25% (hd256 64x64 vs 32x64); on 99 KB parts hd128 32x128 beats 64x64 by 2-9%
-# and hd256 32x32 w4 beats 64x16 w4 by 38-42%.
+# 17-24% (hd192 64x64 vs 32x64) and 19-25% (hd256 64x64 vs 32x64); on 99 KB parts hd128 32x128 beats 64x64 by 2-9%.
+# hd256 on 99 KB parts: 64x32 on 8 warps with V in registers (BWD_V_IN_REGS; 104.5 KB with V in shared memory) runs
+# 1.11-1.19x the 32x32 w4 tile it replaced (bench/RESULTS.md, 2026-12-06); at hd128 the same change
+# (64x64 w8, V in registers) measured 0.96-1.02x 32x128 and was not kept.
 BWD_SM80 = [
     ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "146 KB, Q double-buffered (88 B)"),
     ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "89 KB, Q double-buffered: 99 KB parts"),
@@ -81,9 +85,13 @@ BWD_SM80 = [
     ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "137 KB, Q double-buffered (16 B)"),
     ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92.5 KB, Q double-buffered: 99 KB parts"),
     ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144.5 KB, single Q stage (8 B)"),
-    # 99 KB parts: 64x32 needs 104 KB, 32x64 104.25 KB; 64x16 w4 (spill-free, 84.5 KB) is 38-42% slower.
-    ("sm80", "bwd", 256, 32, 32, 4, 1, 1, "84.5 KB, Q double-buffered (36 B): 99 KB parts"),
+    ("sm80", "bwd", 256, 64, 32, 8, 1, 1, "96.5 KB, V in registers, single Q stage: 99 KB parts"),
 ]
+
+# Portable backward tiles whose V stays in registers for the whole key tile (the B operand of dP = dO V^T, FA2's
+# Is_V_in_regs), P and dS taking V's shared memory: (head_dim, block_m, block_n, warps). Their config names end in
+# "vr", so the same tile with V in shared memory keeps its own name.
+BWD_V_IN_REGS = {(256, 64, 32, 8)}
 
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares), warp-specialised: one consumer
 # warpgroup per 64 query rows plus a producer warpgroup (warps counts the consumers; TMA for fixed-length batches
@@ -155,3 +163,5 @@ KERNELS = FWD_SM80 + BWD_SM80 + FWD_SM90 + FWD_SM90_CANDIDATES + BWD_SM90
 # The CI subset: every family and direction compiles for every arch target, at a cost a 2-core machine can pay
 # (both dtypes' code paths, both tile sets, tuning candidates left out).
 CI_CASES = (("fp16", 64), ("bf16", 128))
+# Code paths no CI case reaches: the portable backward with V in registers (BWD_V_IN_REGS, hd256 alone).
+CI_EXTRA = ("sm80_bwd_fp16_hd256_m64n32w8vr",)

@@ -59,14 +59,14 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor gV = local_tile(mV, tile_kv, make_coord(n_block, 0));  // (kBlockN, Dv)
 
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});       // (kBlockN, D)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutKV{});       // (kBlockN, Dv)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v()), typename T::SmemLayoutKV{});     // (kBlockN, Dv)
   Tensor sKt = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKt{});      // (D, kBlockN)
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQ{});    // (kBlockM, Dv)
   Tensor sdOt = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQt{});  // (Dv, kBlockM)
-  Tensor sP = make_tensor(make_smem_ptr(smem.p), typename T::SmemLayoutPdS{});      // (kBlockM, kBlockN)
-  Tensor sPt = make_tensor(make_smem_ptr(smem.p), typename T::SmemLayoutPdSt{});    // (kBlockN, kBlockM)
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutPdS{});    // (kBlockM, kBlockN)
-  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutPdSt{});  // (kBlockN, kBlockM)
+  Tensor sP = make_tensor(make_smem_ptr(smem.p()), typename T::SmemLayoutPdS{});      // (kBlockM, kBlockN)
+  Tensor sPt = make_tensor(make_smem_ptr(smem.p()), typename T::SmemLayoutPdSt{});    // (kBlockN, kBlockM)
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds()), typename T::SmemLayoutPdS{});    // (kBlockM, kBlockN)
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds()), typename T::SmemLayoutPdSt{});  // (kBlockN, kBlockM)
 
   typename T::GmemLoad gmem_load;
   auto load_thr = gmem_load.get_thread_slice(tid);
@@ -149,6 +149,15 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor tQrKt = q_thr.partition_fragment_B(
       shape_tensor<Element>(Shape<Int<T::kDqCols>, Int<kBlockN>>{}));  // (MMA, MMA_Dc, MMA_N)
 
+  if constexpr (T::kVInRegs) {
+    // V into registers for the whole key tile; the first step's barrier then lets P and dS overwrite its bytes.
+    if (num_iters > 0) {
+      cp_async_wait<0>();
+      __syncthreads();
+      cute::copy(ldsm_sdp_b, tPsV, ldsm_sdp_b.get_thread_slice(tid).retile_D(tPrV));
+    }
+  }
+
   Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
   Tensor acc_dv = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_Dv)
   clear(acc_dk);
@@ -203,13 +212,20 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     float const* dsum = lse2 + kBlockM;
     Tensor acc_s = partition_fragment_C(mma_sdp, tile_s);   // (MMA, MMA_M, MMA_N)
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_s);  // (MMA, MMA_M, MMA_N)
+    auto gemm_dp = [&] {  // acc_dp += dO V^T
+      if constexpr (T::kVInRegs) {
+        gemm_sr(acc_dp, tPrdO, tPrV, tPsdO, mma_sdp, ldsm_sdp_a);
+      } else {
+        gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
+      }
+    };
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (rows, cols)
     Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (rows, cols)
     if constexpr (kGeneral) {
       // dP before S: the softcap's derivative then folds into dS as S is produced, with no copy of S kept alive
       // across a GEMM.
       clear(acc_dp);
-      gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
+      gemm_dp();
       pass_turn();
       clear(acc_s);
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
@@ -229,7 +245,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
       Tensor rP = convert_to<Element>(acc_s);
       cute::copy(sts_sdp, sts_sdp_thr.retile_S(rP), tPsP);
       clear(acc_dp);
-      gemm_ss(acc_dp, tPrdO, tPrV, tPsdO, tPsV, mma_sdp, ldsm_sdp_a, ldsm_sdp_b);
+      gemm_dp();
       grads_plain(ds, s, dsum, row_term);
       Tensor rdS = convert_to<Element>(acc_dp);
       cute::copy(sts_sdp, sts_sdp_thr.retile_S(rdS), tPsdS);

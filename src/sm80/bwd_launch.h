@@ -4,7 +4,7 @@
 namespace flashcute {
 struct BwdKernelParams;
 namespace sm80 {
-template <class Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps>
+template <class Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, bool kVInRegs = false>
 struct BwdTraits;
 template <class Traits>
 int run_bwd(BwdKernelParams const& params, void* stream);

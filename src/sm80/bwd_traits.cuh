@@ -35,16 +35,18 @@ constexpr int bwd_smem_class(int bytes) { return bytes <= 101376 ? 0 : bytes <= 
 // Bytes of one Q stage: Q (kBlockM x D, 16-bit) and its rows' lse_log2 and D (float32).
 constexpr int bwd_smem_q_stage(int head_dim, int block_m) { return 2 * block_m * head_dim + 8 * block_m; }
 
-// Bytes of everything with one Q stage: that stage, dO (kBlockM x D), K, V (kBlockN x D), P, dS (kBlockM x kBlockN).
-constexpr int bwd_smem_single(int head_dim, int block_m, int block_n) {
+// Bytes of everything with one Q stage: that stage, dO (kBlockM x D), K, V (kBlockN x D), P, dS (kBlockM x kBlockN);
+// with V in registers, P and dS take V's bytes once V is read (the epilogue's dV still needs V's).
+constexpr int bwd_smem_single(int head_dim, int block_m, int block_n, bool v_in_regs) {
+  int const v = block_n * head_dim, pds = 2 * block_m * block_n;
   return bwd_smem_q_stage(head_dim, block_m) +
-         2 * (block_m * head_dim + 2 * block_n * head_dim + 2 * block_m * block_n);
+         2 * (block_m * head_dim + block_n * head_dim + (v_in_regs ? (v > pds ? v : pds) : v + pds));
 }
 
 // Q gets a second stage (its load then overlaps a whole iteration) only when that keeps the tile in the same
 // profile class; otherwise the tile was sized for a smaller part and the stage would push it out.
-constexpr bool bwd_double_buffer_q(int head_dim, int block_m, int block_n) {
-  int const single = bwd_smem_single(head_dim, block_m, block_n);
+constexpr bool bwd_double_buffer_q(int head_dim, int block_m, int block_n, bool v_in_regs) {
+  int const single = bwd_smem_single(head_dim, block_m, block_n, v_in_regs);
   return bwd_smem_class(single + bwd_smem_q_stage(head_dim, block_m)) == bwd_smem_class(single);
 }
 
@@ -56,7 +58,10 @@ struct BwdMma {
                         Tile<Int<16 * kWarpsM>, Int<16 * (kWarps / kWarpsM)>, _16>>;
 };
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+// kVInRegs_: V stays in registers for the whole key tile (the B operand of dP = dO V^T, FA2's Is_V_in_regs): the dP
+// product reads only dO from shared memory, and P and dS take V's bytes. kernels.py's BWD_V_IN_REGS names the tiles
+// (64 rows on 8 warps: each thread holds 128 values of V besides its dK and dV accumulators).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kVInRegs_>
 struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   using Element = Element_;
   using Base = Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32>;
@@ -72,7 +77,8 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   static_assert(kBlockM % (kThreads / Base::kGmemThreadsPerRow) == 0 &&
                     kBlockN % (kThreads / Base::kGmemThreadsPerRow) == 0,
                 "tile rows must be a whole number of gmem copy passes");
-  static constexpr bool kDoubleBufferQ = bwd_double_buffer_q(kHeadDim, kBlockM, kBlockN);
+  static constexpr bool kVInRegs = kVInRegs_;
+  static constexpr bool kDoubleBufferQ = bwd_double_buffer_q(kHeadDim, kBlockM, kBlockN, kVInRegs);
   // Deterministic mode: the hd256 tiles' CTAs of a query tile add their dQ in turns (common/bwd_dq_order.cuh); the
   // others give each CTA of a column a dQ slot (src/api/workspace.h). Turns ran 0.97-1.16x slots at hd256 but
   // 0.87-1.22x at hd192, mostly slower there (bench/RESULTS.md, twenty-third session, run 1).
@@ -123,19 +129,26 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
       decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
 
   static constexpr int kQElems = cosize_v<SmemLayoutQ>;
+  static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
+  static constexpr int kPdSElems = cosize_v<SmemLayoutPdS>;
+  static_assert(kKVElems % 64 == 0 && kPdSElems % 64 == 0, "every tile starts on a 128-byte boundary");
+  // V's bytes, then P's and dS's; with kVInRegs P and dS start where V does, written only once V is in registers.
+  static constexpr int kVPdSElems = kVInRegs ? (kKVElems > 2 * kPdSElems ? kKVElems : 2 * kPdSElems)
+                                             : kKVElems + 2 * kPdSElems;
   struct SharedStorage {
     alignas(128) Element q[kQStages * kQElems];
     alignas(128) Element dout[kQElems];
-    alignas(128) Element k[cosize_v<SmemLayoutKV>];  // reused for dK in the epilogue
-    alignas(128) Element v[cosize_v<SmemLayoutKV>];  // reused for dV in the epilogue
-    alignas(128) Element p[cosize_v<SmemLayoutPdS>];
-    alignas(128) Element ds[cosize_v<SmemLayoutPdS>];
+    alignas(128) Element k[kKVElems];  // reused for dK in the epilogue
+    alignas(128) Element v_p_ds[kVPdSElems];  // V's part reused for dV in the epilogue
     // Per Q stage: lse_log2 then D of its kBlockM rows, fetched by cp.async with Q and read in the elementwise
     // step, so neither a global load latency nor registers held across the S/dP products are paid for them.
     alignas(128) float rows[kQStages * 2 * kBlockM];
+    CUTE_DEVICE Element* v() { return v_p_ds; }
+    CUTE_DEVICE Element* p() { return v_p_ds + (kVInRegs ? 0 : kKVElems); }
+    CUTE_DEVICE Element* ds() { return p() + kPdSElems; }
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == bwd_smem_single(kHeadDim, kBlockM, kBlockN) +
+  static_assert(kSmemBytes == bwd_smem_single(kHeadDim, kBlockM, kBlockN, kVInRegs) +
                                   (kQStages - 1) * bwd_smem_q_stage(kHeadDim, kBlockM),
                 "must match bwd_smem_bytes() in src/instantiations/kernels.py, which dispatch reads");
 };

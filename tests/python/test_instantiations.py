@@ -45,6 +45,7 @@ def test_ci_subset_covers_every_family_and_direction(tmp_path):
     launchers, _, _ = generate(tmp_path, "ci", 1)
     names = set(re.findall(r'"(sm\d+_(?:fwd|bwd)_\w+)"', launchers))
     assert {n.split("_")[0] + "_" + n.split("_")[1] for n in names} == {"sm80_fwd", "sm80_bwd", "sm90_fwd", "sm90_bwd"}
+    assert set(kernels.CI_EXTRA) <= names  # the V-in-registers backward too
 
 
 def test_every_forward_head_dim_has_a_hopper_and_a_portable_config():
@@ -52,3 +53,20 @@ def test_every_forward_head_dim_has_a_hopper_and_a_portable_config():
     for hd in (64, 96, 128, 192, 256):
         assert any(k[0] == "sm90" and k[2] == hd for k in fwd), hd
         assert any(k[0] == "sm80" and k[2] == hd for k in fwd), hd
+
+
+def test_v_in_registers_tiles_are_named_apart_and_fit_99_kb(tmp_path):
+    bwd = {(k[2], k[3], k[4], k[5]) for k in kernels.KERNELS if k[0] == "sm80" and k[1] == "bwd"}
+    assert kernels.BWD_V_IN_REGS and kernels.BWD_V_IN_REGS <= bwd
+    for tile in kernels.BWD_V_IN_REGS:
+        assert kernels.bwd_smem_bytes(*tile, v_in_regs=True) <= 101376
+    # P and dS in V's bytes are what brings hd256's 64 x 32 under the 99 KB class.
+    assert kernels.bwd_smem_bytes(256, 64, 32, 8) > 101376
+    _, table, _ = generate(tmp_path, "none", 0)
+    assert '"sm80_bwd_bf16_hd256_m64n32w8vr", Family::kSm80, FLASHCUTE_BACKWARD, FLASHCUTE_BFLOAT16, 256, 256, ' \
+           '64, 32, 8, 1, 98816,' in table
+    sys.path.insert(0, os.path.dirname(GENERATE))
+    import generate as gen
+    args = {c["name"]: gen.traits_args(c) for c in gen.configs()}
+    assert args["sm80_bwd_fp16_hd256_m64n32w8vr"] == "cutlass::half_t, 256, 64, 32, 8, true"
+    assert args["sm80_bwd_fp16_hd256_m64n64w8"] == "cutlass::half_t, 256, 64, 64, 8"
