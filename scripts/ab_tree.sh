@@ -3,9 +3,9 @@
 # session, run 5). Two steps:
 #   here:    bash scripts/ab_tree.sh pack REF [NAME [PATCH...]]
 #                                                       writes NAME.tar (default ab-tree; REF's sources, with the
-#                                                       git-format-patch files PATCH... applied in order, e.g. those
-#                                                       of bench/pending/; untracked, so the device tool copies it
-#                                                       with the working tree) and prints its size
+#                                                       git-format-patch files PATCH... applied in order;
+#                                                       untracked, so the device tool copies it with the working
+#                                                       tree) and prints its size
 #   device:  bash scripts/ab_tree.sh build [KERNELS] [NAME]
 #                                                       unpacks NAME.tar into /tmp/NAME (sharing this tree's
 #                                                       third_party/), builds the kernel subset KERNELS (a regex,
