@@ -728,14 +728,17 @@ def _(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softc
     _check_sink(q, learnable_sink, q.shape[2])
 
 
+# The sink's arguments have no defaults: torch 2.11's boxed dispatch drops trailing arguments equal to their
+# defaults, and its ADInplaceOrView kernel then indexes past the end for the mutable dsink (IndexError on the
+# H100 / H200 device's torch, bench/RESULTS.md 2026-12-06; later torch releases pass).
 @torch.library.custom_op("flashcute::bwd_into", mutates_args=("dq", "dk", "dv", "dsink"),
                          schema=("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                                  f"Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, {_INTO_ARGS}, bool deterministic, "
-                                 "Tensor? learnable_sink=None, Tensor(d!)? dsink=None) -> ()"))
+                                 "Tensor? learnable_sink, Tensor(d!)? dsink) -> ()"))
 def bwd_into(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
              dq: Tensor, dk: Tensor, dv: Tensor, softmax_scale: float, causal: bool, window_left: int,
-             window_right: int, softcap: float, deterministic: bool, learnable_sink: Optional[Tensor] = None,
-             dsink: Optional[Tensor] = None) -> None:
+             window_right: int, softcap: float, deterministic: bool, learnable_sink: Optional[Tensor],
+             dsink: Optional[Tensor]) -> None:
     """dsink: the sink's gradient buffer (the sink's shape and dtype), None where it is not wanted."""
     _check_into_bwd(dout, dlse, q, k, v, out, lse, dq, dk, dv, learnable_sink, dsink)
     args = (softmax_scale, causal, window_left, window_right, softcap)
@@ -761,7 +764,7 @@ def _check_into_bwd(dout, dlse, q, k, v, out, lse, dq, dk, dv, sink, dsink):
 
 @bwd_into.register_fake
 def _(dout, dlse, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, window_left, window_right, softcap,
-      deterministic, learnable_sink=None, dsink=None):
+      deterministic, learnable_sink, dsink):
     _check_into_bwd(dout, dlse, q, k, v, out, lse, dq, dk, dv, learnable_sink, dsink)
 
 

@@ -132,7 +132,8 @@ def test_opcheck():
     torch.library.opcheck(ops.fwd_into, (q, k, v, out, lse, *args))
     ops.fwd_into(q, k, v, out, lse, *args)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    torch.library.opcheck(ops.bwd_into, (torch.randn_like(out), None, q, k, v, out, lse, dq, dk, dv, *args, True))
+    torch.library.opcheck(ops.bwd_into, (torch.randn_like(out), None, q, k, v, out, lse, dq, dk, dv, *args, True, None,
+                                         None))
     sink = torch.randn(q.shape[2])
     torch.library.opcheck(ops.fwd_into, (q, k, v, out, lse, *args, sink))
     torch.library.opcheck(ops.bwd_into, (torch.randn_like(out), None, q, k, v, out, lse, dq, dk, dv, *args, True, sink,
