@@ -24,7 +24,7 @@ NEEDS = {"sm80": "arch::kMmaSync | arch::kCpAsync | arch::kLdmatrix",
          "sm90": "arch::kWgmma | arch::kTma | arch::kSetmaxnreg | arch::kCpAsync"}
 
 
-def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=None):
+def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=None, v_in_regs=False):
     # Must equal sizeof(SharedStorage) of the kernel; the kernel static_asserts it.
     dv = head_dim_v or head_dim
     if direction == "fwd":
@@ -45,8 +45,7 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=
         tiles = (stages * block_m + block_n) * (head_dim + dv) + 2 * (2 if split else 1) * block_n * block_m
         return tiles * 2 + rows
     if direction == "bwd":
-        tile = (head_dim, block_m, block_n, warps)
-        return K.bwd_smem_bytes(*tile, v_in_regs=tile in K.BWD_V_IN_REGS)
+        return K.bwd_smem_bytes(head_dim, block_m, block_n, warps, v_in_regs)
     return 0
 
 
@@ -55,13 +54,13 @@ def configs():
     for fam, direction, dims, bm, bn, warps, ctas, prio, why in K.KERNELS:
         hd, dv = dims if isinstance(dims, tuple) else (dims, dims)  # (head_dim, head_dim_v) where V's differs
         for dt in K.DTYPES:
-            vr = "vr" if fam == "sm80" and direction == "bwd" and (hd, bm, bn, warps) in K.BWD_V_IN_REGS else ""
-            name = f"{fam}_{direction}_{dt}_hd{hd}{'' if dv == hd else f'v{dv}'}_m{bm}n{bn}w{warps}{vr}"
+            vr = fam == "sm80" and direction == "bwd" and (hd, bm, bn, warps) in K.BWD_V_IN_REGS
+            name = f"{fam}_{direction}_{dt}_hd{hd}{'' if dv == hd else f'v{dv}'}_m{bm}n{bn}w{warps}{'vr' if vr else ''}"
             lo, hi = K.ROW_RANGES.get((fam, direction, dims, bm, bn, warps), (None, None))
             out.append(dict(name=name, family=fam, direction=direction, dtype=dt, head_dim=hd, head_dim_v=dv,
                             block_m=bm, block_n=bn, warps=warps, ctas=ctas, prio=prio, why=why,
-                            smem=smem_bytes(fam, direction, hd, bm, bn, warps, dv), min_rows=lo or 0,
-                            max_rows=hi or 0))
+                            v_in_regs=vr, smem=smem_bytes(fam, direction, hd, bm, bn, warps, dv, vr),
+                            min_rows=lo or 0, max_rows=hi or 0))
     return out
 
 
@@ -91,7 +90,7 @@ def write_if_changed(path, text):
 def traits_args(c):
     """The traits' template arguments; V's head dim only where it differs (the traits default it to head_dim)."""
     dv = f', {c["head_dim_v"]}' if c["head_dim_v"] != c["head_dim"] else ""
-    if c["name"].endswith("vr"):
+    if c["v_in_regs"]:
         dv = ", true"  # BwdTraits' kVInRegs (the portable backward pads V to Q's head dim)
     return f'{DTYPE_CPP[c["dtype"]]}, {c["head_dim"]}, {c["block_m"]}, {c["block_n"]}, {c["warps"]}{dv}'
 
