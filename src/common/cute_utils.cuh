@@ -89,6 +89,19 @@ CUTE_DEVICE void convert_into(Tensor<SrcEngine, SrcLayout> const& src, Tensor<Ds
 // measured spills (see FwdTraits::kStreamB).
 enum class Prefetch { kSlice, kCopy };
 
+// acc += A * B over the k-slices, load(k) bringing slice k of whichever operands are streamed into registers one
+// slice ahead of the MMAs.
+template <class Acc, class RA, class RB, class TiledMma, class Load>
+CUTE_DEVICE void gemm_slices_ahead(Acc& acc, RA const& rA, RB const& rB, TiledMma const& mma, Load&& load) {
+  constexpr int kSlices = decltype(size<2>(rA))::value;
+  load(_0{});
+  CUTE_UNROLL
+  for (int k = 0; k < kSlices; ++k) {
+    if (k + 1 < kSlices) load(k + 1);
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
 // acc += A * B, B streamed from shared memory by copy_b; load_a(k) brings A's k-slice into registers (a no-op when
 // A is already there), one slice ahead of the MMAs.
 template <Prefetch kB, class Acc, class RA, class RB, class SB, class TiledMma, class CopyB, class LoadA>
@@ -96,19 +109,14 @@ CUTE_DEVICE void gemm_b_streamed(Acc& acc, RA const& rA, RB& rB, SB const& sB, T
                                  CopyB const& copy_b, LoadA&& load_a) {
   auto rB_view = copy_b.get_slice(threadIdx.x).retile_D(rB);
   CUTE_STATIC_ASSERT_V(size<1>(sB) == size<1>(rB_view));  // N
-  constexpr int kSlices = decltype(size<2>(rA))::value;
-  load_a(_0{});
   if constexpr (kB == Prefetch::kSlice) {
-    cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
-    CUTE_UNROLL
-    for (int k = 0; k < kSlices; ++k) {
-      if (k + 1 < kSlices) {
-        load_a(k + 1);
-        cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
-      }
-      cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
-    }
+    gemm_slices_ahead(acc, rA, rB, mma, [&](auto k) {
+      load_a(k);
+      cute::copy(copy_b, sB(_, _, k), rB_view(_, _, k));
+    });
   } else {
+    constexpr int kSlices = decltype(size<2>(rA))::value;
+    load_a(_0{});
     constexpr int kCopies = decltype(size<1>(rB_view))::value;
     constexpr int kPerCopy = decltype(size<1>(rB))::value / kCopies;  // n-tiles one copy fills
     // Copy c of a slice fills n-tiles [c * kPerCopy, (c + 1) * kPerCopy) of it.
@@ -157,13 +165,7 @@ template <class Acc, class RA, class RB, class SA, class TiledMma, class CopyA>
 CUTE_DEVICE void gemm_sr(Acc& acc, RA& rA, RB const& rB, SA const& sA, TiledMma const& mma, CopyA const& copy_a) {
   auto rA_view = copy_a.get_slice(threadIdx.x).retile_D(rA);
   CUTE_STATIC_ASSERT_V(size<1>(sA) == size<1>(rA_view));  // M
-  constexpr int kSlices = decltype(size<2>(rA))::value;
-  cute::copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{}));
-  CUTE_UNROLL
-  for (int k = 0; k < kSlices; ++k) {
-    if (k + 1 < kSlices) cute::copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
-    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
-  }
+  gemm_slices_ahead(acc, rA, rB, mma, [&](auto k) { cute::copy(copy_a, sA(_, _, k), rA_view(_, _, k)); });
 }
 
 // Global <-> shared tile copies in 16-byte vectors: each row chunk of kRowChunk columns (64, or 32 when the head
