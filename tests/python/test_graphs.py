@@ -87,6 +87,21 @@ def test_graph_fixed_length(mode, deterministic):
     capture_and_compare(fixed_step(deterministic), fixed_inputs, mode, exact_grads=deterministic)
 
 
+def hd256_inputs(gen):
+    q, k, v = (torch.randn(1, 512, h, 256, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (4, 2, 2))
+    dout = torch.randn(1, 512, 4, 256, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return q, k, v, dout, torch.randn(1, 4, 512, device="cuda", generator=gen)
+
+
+# The portable hd256 tiles (the 99 KB one holds V in registers; deterministic mode orders dQ by turns) under capture,
+# through the arch profiles that pick them.
+@pytest.mark.parametrize("arch", ["80", "86"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_graph_portable_hd256(arch, deterministic, monkeypatch):
+    monkeypatch.setenv("FLASHCUTE_ARCH", arch)
+    capture_and_compare(fixed_step(deterministic), hd256_inputs, "global", exact_grads=deterministic)
+
+
 @pytest.mark.parametrize("mode", ["global", "relaxed"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 def test_graph_varlen_device_offsets(mode, deterministic):
