@@ -17,7 +17,11 @@ struct BwdWorkspace {
   // kSlots, dq_slots CTAs per (batch, head) grid column, CTA s walking key tiles s, s + slots, ... and adding only
   // into accumulator slot s, so every slot sees its additions in one program order and no CTA ever waits for
   // another; the dQ conversion kernel sums the slots in a fixed order. choose_dq_slots() picks the count that
-  // keeps the GPU busiest; each slot costs one dQ-sized float32 buffer, so at most kMaxDqSlots.
+  // keeps the GPU busiest; each slot costs one dQ-sized float32 buffer, so at most kMaxDqSlots. Every CTA walks its
+  // column's whole dQ once per key tile, so once the CTAs in flight walk more than L2 holds the additions go to
+  // memory (ncu on an H100, hd128 16k: 39 GB of DRAM traffic against 1 GB in the default mode, 0.49x its speed;
+  // bench/RESULTS.md, 2026-12-06 second session): the Hopper tiles take turns instead, the portable ones below hd256
+  // keep slots.
   enum class Dq { kShared, kSlots, kTurns };
   static constexpr int kMaxDqSlots = 16;
 

@@ -33,13 +33,10 @@ struct KernelConfig {
 };
 
 // Whether a backward config's deterministic mode orders the dQ additions of its CTAs by turns (one accumulator,
-// common/bwd_dq_order.cuh) rather than giving CTAs slots of their own (src/api/workspace.h): the Hopper tiles of 64
-// keys, which split the head dim (hd192, hd256), where turns measured faster, and the portable hd256 tiles.
-// Each config's BwdTraits::kDqTurns says the same, and common/bwd_passes.cuh refuses a launch where the two
-// disagree.
-inline bool orders_dq_by_turns(KernelConfig const& c) {
-  return c.family == Family::kSm90 ? c.block_n == 64 : c.head_dim == 256;
-}
+// common/bwd_dq_order.cuh) rather than giving CTAs slots of their own (src/api/workspace.h): every Hopper tile and
+// the portable hd256 tiles. Each config's BwdTraits::kDqTurns says the same, and common/bwd_passes.cuh refuses a
+// launch where the two disagree.
+inline bool orders_dq_by_turns(KernelConfig const& c) { return c.family == Family::kSm90 || c.head_dim == 256; }
 
 // All configs of the instantiation list, built or not.
 KernelConfig const* all_configs(int* count);

@@ -2,11 +2,11 @@
 // each) that add into one query tile of the float32 dQ accumulator take turns in a fixed order of their key tiles,
 // so every float receives its additions in the same order on every run, in the one accumulator the default mode
 // uses. The other deterministic scheme, a dQ slot per CTA of a column (src/api/workspace.h), costs no waiting but a
-// dQ-sized buffer per slot, which at long sequences and wide heads no longer fits in L2. On the H200
-// (bench/RESULTS.md, fourteenth session) turns cost about 0.5-0.7 us per step whatever the head dim (most likely the
-// GPU-scope release, MEMBAR.GPU, of each warp's hand-over in every step): at hd192 and hd256 they ran at 0.75-0.92x
-// the default mode against the slots' 0.54-0.66x, at hd128 about as fast as the slots, at hd64 slower (0.66-0.84x
-// against 0.85-0.99x).
+// dQ-sized buffer per slot, whose additions go to memory once the slots outgrow L2. On the H200 (bench/RESULTS.md,
+// fourteenth session) turns cost about 0.5-0.7 us per step whatever the head dim (most likely the GPU-scope
+// release, MEMBAR.GPU, of each warp's hand-over in every step, and the hand-overs the CTAs of a column queue behind
+// at the start of each walk): at hd192 and hd256 they ran at 0.75-0.92x the default mode against the slots'
+// 0.54-0.66x. On an H100 (2026-12-06, second session) the hd128 tile's turns ran 1.2-1.4x its slots.
 //
 // Turns are kept per (query head, query tile, warp): a warp's dQ fragment covers the same floats in every CTA
 // (T::dq_frag_offset depends on the thread alone), so warp w waits only for warp w of the key tile before it. A
@@ -17,7 +17,11 @@
 // tile goes first, and no CTA waits in the steady state. Otherwise every walk starts at the first query tile and
 // the lowest key tile goes first; the CTAs of a column then settle one hand-over apart. for_each_key_tile gives
 // the key tile that goes first the lowest launch index, so a CTA only ever waits for CTAs launched before it,
-// which the GPU has started (or finished) already: no wait can deadlock.
+// which the GPU has started (or finished) already: no wait can deadlock. The key tiles of a column are launched
+// one after another, so the CTAs in flight share their Q and dO tiles in L2; launching the columns interleaved
+// (the first key tile of every column, then the second, or chunks of 4 or 8 key tiles) shortens the queue of
+// hand-overs but loses that sharing, and ran the hd256 tile at 0.5-1.08x this order (H100, 2026-12-06, second
+// session).
 #pragma once
 
 #include <cstdint>

@@ -83,12 +83,14 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
 
 // The key tiles of one grid column: (key tiles, or dq_slots in deterministic mode with slots; nheads, or nheads_kv
 // for deterministic GQA; batch). Default: one key tile per CTA, every CTA adding dQ into the one accumulator with
-// atomics (their order varies). Deterministic with turns (kTurns: T::kDqTurns): likewise, the CTAs of a query
-// tile adding in turn (common/bwd_dq_order.cuh), numbered so that the key tile that goes first is launched first.
+// atomics (their order varies). Deterministic with turns (kTurns: the kernel's turn code): likewise, the CTAs of a
+// query tile adding in turn (common/bwd_dq_order.cuh), numbered so that the key tile that goes first is launched
+// first.
 // Deterministic with slots: CTA s of a column walks key tiles s, s + slots, ... and adds only into slot s. The dQ
 // fragment of a query tile maps to the same threads for every key tile, so each float is added to by one thread in
 // program order (same-address atomics of one thread are ordered), and bwd_convert_dq_kernel sums the slots in
-// order. key_tile(n, dq_slot) does one key tile.
+// order. Slots cost no waiting, but every CTA walks its column's whole dQ once per key tile, so they outgrow L2 at
+// long sequences (src/api/workspace.h). key_tile(n, dq_slot) does one key tile.
 template <int kBlockN, bool kTurns, class KeyTile>
 CUTE_DEVICE void for_each_key_tile(BwdKernelParams const& p, KeyTile&& key_tile) {
   int const key_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;

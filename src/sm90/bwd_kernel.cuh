@@ -64,8 +64,9 @@ __device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, t
 }
 
 // ring: the Q stages this CTA used before this key tile (each key tile continues the stages' mbarrier phases);
-// key_tiles: the key tiles it loaded before (kTma: the phase of smem.key_tile_full).
-template <class T, bool kTma>
+// key_tiles: the key tiles it loaded before (kTma: the phase of smem.key_tile_full). kTurns: deterministic mode, dQ
+// added in turns (common/bwd_dq_order.cuh).
+template <class T, bool kTma, bool kTurns>
 __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int const n_block, float* const dq_slot,
                                              int& ring, int& key_tiles) {
   BwdKernelParams const& p = params.p;
@@ -247,7 +248,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
     warpgroup_issue<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
     warpgroup_issue<true, false>(mma_sdp, tPrV, tPrdO(_, _, _, stage), acc_dp);
-    if constexpr (T::kDqTurns) {
+    if constexpr (kTurns) {
       if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
     }
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries)
@@ -320,7 +321,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
         }
         warpgroup_wait_for<1>(acc_dv, acc_dq, rP);
         // The first chunk's atomics wait for this query tile's turn, under the dK product.
-        if constexpr (T::kDqTurns) {
+        if constexpr (kTurns) {
           if (p.dq_turns) {
             turn = DqTurns::await<kBlockM, T::kWarps>(p, blk, bh, m, n_block);
           }
@@ -338,7 +339,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
-  if constexpr (T::kDqTurns) {
+  if constexpr (kTurns) {
     if (p.dq_turns && num_iters > 0) DqTurns::pass(turn, n_block + 1);
   }
   ring += num_iters;
@@ -348,8 +349,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   if constexpr (kTma) cutlass::arch::fence_view_async_shared();
 }
 
-// Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh).
-template <class T, bool kTma>
+// Grid and deterministic mode: for_each_key_tile (common/bwd_epilogue.cuh). Deterministic mode runs a kernel of
+// its own (kTurns), so the default one carries no turn code.
+template <class T, bool kTma, bool kTurns>
 __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ BwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   extern __shared__ __align__(1024) char smem_raw[];
@@ -362,8 +364,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
   }
   __syncthreads();
   int ring = 0, key_tiles = 0;
-  for_each_key_tile<T::kBlockN, T::kDqTurns>(params.p, [&](int n, float* dq_slot) {
-    bwd_key_tile<T, kTma>(params, n, dq_slot, ring, key_tiles);
+  for_each_key_tile<T::kBlockN, kTurns>(params.p, [&](int n, float* dq_slot) {
+    bwd_key_tile<T, kTma, kTurns>(params, n, dq_slot, ring, key_tiles);
   });
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere

@@ -27,7 +27,9 @@ int run_bwd(BwdKernelParams const& p, void* stream) {
   using Element = typename T::Element;
   BwdParams<T> params{};
   params.p = p;
-  if (!bwd_tma_serves(p)) return run_bwd_passes<T>(p, stream, &bwd_kernel<T, false>, params);
+  bool const turns = p.dq_turns != nullptr;  // deterministic mode (the workspace holds turn words)
+  if (!bwd_tma_serves(p))
+    return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, false, true> : &bwd_kernel<T, false, false>, params);
   TmaEncodeCheck encoded;
   params.tma_q = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutQs{})), T::kBlockM, T::kHeadDim>(
       p.q, p.seqlen_q, p.head_dim, p.nheads, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
@@ -38,8 +40,9 @@ int run_bwd(BwdKernelParams const& p, void* stream) {
       p.k, p.seqlen_k, p.head_dim, p.nheads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
   params.tma_v = make_rows_tma<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(
       p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
-  if (!encoded.ok()) return run_bwd_passes<T>(p, stream, &bwd_kernel<T, false>, params);  // the driver refused one
-  return run_bwd_passes<T>(p, stream, &bwd_kernel<T, true>, params);
+  if (!encoded.ok())  // the driver refused one
+    return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, false, true> : &bwd_kernel<T, false, false>, params);
+  return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, true, true> : &bwd_kernel<T, true, false>, params);
 }
 
 }  // namespace flashcute::sm90

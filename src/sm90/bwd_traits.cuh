@@ -41,11 +41,11 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // dS^T (and P^T) alternate between two buffers, so a warpgroup may store step i's while the other still reads
   // step i - 1's.
   static constexpr int kDsStages = 2;
-  // Deterministic mode: the split-head-dim tiles (hd192, hd256) order their CTAs' dQ additions by turns
-  // (common/bwd_dq_order.cuh), the others give each CTA of a column a dQ slot. The turn code is compiled only where
-  // used: it costs the default mode 0.4-2.3% at hd192 and hd256, and cost it 3-4% in the hd64 kernel (bench/RESULTS.md,
-  // fourteenth session). src/arch/registry.h's orders_dq_by_turns agrees.
-  static constexpr bool kDqTurns = kSplitHeadDim;
+  // Deterministic mode orders the CTAs' dQ additions by turns (common/bwd_dq_order.cuh) in every tile, in a kernel
+  // of its own (bwd_kernel's kTurns): the turn code cost the default mode 0.4-2.3% at hd192 and hd256 and 3-4% at
+  // hd64 (bench/RESULTS.md, fourteenth session), and a dQ slot per CTA, the other scheme, sends the additions to
+  // memory once the slots outgrow L2 (2026-12-06, second session). src/arch/registry.h's orders_dq_by_turns agrees.
+  static constexpr bool kDqTurns = true;
   static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitHeadDim),
                 "dQ = dS K: one or two wgmma row blocks, their columns split over the warpgroups");
   static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
