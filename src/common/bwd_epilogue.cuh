@@ -31,9 +31,15 @@ CUTE_DEVICE void load_row_terms(BwdKernelParams const& p, int b, int h, int m, f
 // columns; scaled sums: dK still lacks the softmax scale). GQA without determinism adds them into the float32
 // accumulators (converted later by bwd_postprocess_kernel); otherwise they go through K's and V's shared memory
 // (sK, sV: every thread must be done reading them) so the global stores are 16-byte vectors along rows.
-template <class T, class MmaK, class MmaV, class AccK, class AccV, class SK, class SV>
+// A barrier over every thread of the CTA; a warp-specialised kernel passes one over its MMA threads instead.
+struct SyncCta {
+  CUTE_DEVICE void operator()() const { __syncthreads(); }
+};
+
+template <class T, class MmaK, class MmaV, class AccK, class AccV, class SK, class SV, class Sync = SyncCta>
 CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::kBlockN> const& blk,
-                             MmaK const& mma_k, MmaV const& mma_v, AccK& acc_dk, AccV& acc_dv, SK& sK, SV& sV) {
+                             MmaK const& mma_k, MmaV const& mma_v, AccK& acc_dk, AccV& acc_dv, SK& sK, SV& sV,
+                             Sync const& sync = {}) {
   using Element = typename T::Element;
   constexpr int kHeadDim = T::kHeadDim;
   constexpr int kHeadDimV = T::kHeadDimV;
@@ -60,14 +66,14 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
   Tensor rdK = convert_to<Element>(acc_dk);
   Tensor rdV = convert_to<Element>(acc_dv);
-  __syncthreads();
+  sync();
   auto sts = make_tiled_copy_C(typename T::SmemStoreC{}, mma_k);
   auto sts_thr = sts.get_thread_slice(threadIdx.x);
   cute::copy(sts, sts_thr.retile_S(rdK), sts_thr.partition_D(sK));
   auto sts_v = make_tiled_copy_C(typename T::SmemStoreC{}, mma_v);
   auto sts_v_thr = sts_v.get_thread_slice(threadIdx.x);
   cute::copy(sts_v, sts_v_thr.retile_S(rdV), sts_v_thr.partition_D(sV));
-  __syncthreads();
+  sync();
 
   int const key_rows = blk.key_rows(p);
   Tensor mdK = make_tensor(make_gmem_ptr(blk.template dk<Element>(p)), make_shape(key_rows, Int<kHeadDim>{}),
@@ -91,8 +97,8 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
 // program order (same-address atomics of one thread are ordered), and bwd_convert_dq_kernel sums the slots in
 // order. Slots cost no waiting, but every CTA walks its column's whole dQ once per key tile, so they outgrow L2 at
 // long sequences (src/api/workspace.h). key_tile(n, dq_slot) does one key tile.
-template <int kBlockN, bool kTurns, class KeyTile>
-CUTE_DEVICE void for_each_key_tile(BwdKernelParams const& p, KeyTile&& key_tile) {
+template <int kBlockN, bool kTurns, class KeyTile, class Sync = SyncCta>
+CUTE_DEVICE void for_each_key_tile(BwdKernelParams const& p, KeyTile&& key_tile, Sync const& sync = {}) {
   int const key_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
   // Two copies of one walk, each the form ptxas measured best for its tiles: a single form made the kTurns tiles
   // spill (hd256: 100 B) or changed the SASS of the others.
@@ -103,14 +109,14 @@ CUTE_DEVICE void for_each_key_tile(BwdKernelParams const& p, KeyTile&& key_tile)
     int const first = p.dq_turns && p.dq_descending ? key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
     for (int n = first; n < key_tiles; n += stride) {
       key_tile(n, dq_slot);
-      __syncthreads();  // the next key tile's loads overwrite shared memory the epilogue has just read
+      sync();  // the next key tile's loads overwrite shared memory the epilogue has just read
     }
   } else {
     int const stride = p.deterministic ? gridDim.x : key_tiles;
     float* const dq_slot = p.dq_accum + (p.deterministic ? blockIdx.x * p.dq_slot_elems : 0);
     for (int n = blockIdx.x; n < key_tiles; n += stride) {
       key_tile(n, dq_slot);
-      __syncthreads();
+      sync();
     }
   }
 }

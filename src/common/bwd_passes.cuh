@@ -12,9 +12,11 @@
 
 namespace flashcute {
 
-// kernel(args) is the mainloop kernel and what it takes (p, or a family's params built around it).
+// kernel(args) is the mainloop kernel and what it takes (p, or a family's params built around it), launched with
+// `threads` threads and `kernel_smem` bytes of shared memory (T's unless the kernel adds roles of its own).
 template <class T, class Kernel, class Args>
-int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel, Args const& args) {
+int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel, Args const& args,
+                   int threads = T::kThreads, int kernel_smem = T::kSmemBytes) {
   using Element = typename T::Element;
   auto const stream = static_cast<cudaStream_t>(stream_ptr);
   // The workspace is carved for this config's tile head dim and query tile (src/api/workspace.h); the kernels
@@ -34,7 +36,7 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel, Ar
     bwd_dsink_kernel<BwdRowKernel::kThreads><<<p.nheads, BwdRowKernel::kThreads, 0, stream>>>(p);
   }
 
-  int const smem = launch_smem(p, T::kSmemBytes);
+  int const smem = launch_smem(p, kernel_smem);
   if (smem > 48 * 1024) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
@@ -47,7 +49,7 @@ int run_bwd_passes(BwdKernelParams const& p, void* stream_ptr, Kernel kernel, Ar
   bool const slots = p.deterministic && !p.dq_turns;
   dim3 const grid(slots ? p.dq_slots : key_tiles, group_in_cta ? p.nheads_kv : p.nheads, p.batch);
   if (key_tiles > 0) {
-    kernel<<<grid, T::kThreads, smem, stream>>>(args);
+    kernel<<<grid, threads, smem, stream>>>(args);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

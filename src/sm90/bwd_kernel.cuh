@@ -5,12 +5,16 @@
 //   S^T = K Q^T, dP^T = V dO^T;  P^T = exp2(S^T * scale_log2 - lse_log2);  dS^T = P^T * (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q   (dV, dK in registers for the whole walk)
 //   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics, in
-//                                 deterministic mode in turns: common/bwd_dq_order.cuh)
+//                                 deterministic mode in turns: common/bwd_dq_order.cuh, by a writer thread of its
+//                                 own where its buffer fits: bwd_det_ws_kernel)
+// Shared-memory writes that a wgmma reads (dS^T, P^T) go through the generic proxy and wgmma reads through the
+// async one: a proxy fence, then the barrier.
 // How the warpgroups share the work (one per 64 keys, or all on 64 keys splitting the head dim): see BwdTraits.
 // Semantics, workspace and GQA as in the portable family (src/sm80/bwd_kernel.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include "common/bwd_atomics.cuh"
 #include "common/bwd_block.cuh"
@@ -21,6 +25,7 @@
 #include "common/kernel_params.h"
 #include "common/mask_apply.cuh"
 #include "sm90/bwd_traits.cuh"
+#include "sm90/pipeline.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flashcute::sm90 {
@@ -35,6 +40,28 @@ struct BwdParams {
   typename T::TmaK tma_k;
   typename T::TmaV tma_v;
 };
+
+// Deterministic mode with a dQ writer (bwd_det_ws_kernel): the MMA threads hand each step's dQ to one writer thread
+// through a float32 buffer in shared memory, with a message: where it goes, the turn word, the value to wait for
+// and the one to hand on (common/bwd_dq_order.cuh). dst null ends the writer.
+struct DqMessage {
+  float* dst;
+  int* word;
+  int wait, pass;
+};
+template <class T>
+struct DqWsStorage : T::SharedStorage {
+  alignas(128) float dq[T::kBlockM * T::kDqCols];
+  DqMessage msg;
+  uint64_t dq_full;   // the buffer and message written: one arrival per MMA thread
+  uint64_t dq_empty;  // the writer has read them: one arrival
+};
+// The named barrier of that kernel's MMA threads (0 is __syncthreads, which the writer does not join).
+constexpr int kWsMmaBarrier = 1;
+// Whether tile T's deterministic TMA kernel is bwd_det_ws_kernel: one dQ chunk per step, and room for its buffer
+// (hd128, hd192; not hd64's 128-row tile, nor hd256's four chunks).
+template <class T>
+constexpr bool kDetWs = T::kDqChunks == 1 && sizeof(DqWsStorage<T>) <= 227 * 1024;
 
 // TMA (thread 0): Q and dO of query tile m of head h, batch b, into `stage`, with the rows' lse_log2 and D by bulk
 // copies; the stage's mbarrier completes once all have landed.
@@ -66,9 +93,9 @@ __device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, t
 // ring: the Q stages this CTA used before this key tile (each key tile continues the stages' mbarrier phases);
 // key_tiles: the key tiles it loaded before (kTma: the phase of smem.key_tile_full). kTurns: deterministic mode, dQ
 // added in turns (common/bwd_dq_order.cuh).
-template <class T, bool kTma, bool kTurns>
+template <class T, bool kTma, bool kTurns, bool kWs = false>
 __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int const n_block, float* const dq_slot,
-                                             int& ring, int& key_tiles) {
+                                             int& ring, int& key_tiles, int& dq_msgs) {
   BwdKernelParams const& p = params.p;
   using Element = typename T::Element;
   constexpr int kBlockM = T::kBlockM;
@@ -79,6 +106,14 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   int const tid = threadIdx.x;
+
+  // A barrier over the MMA threads: the whole CTA, or (kWs) all but the dQ writer's warpgroup.
+  auto const mma_barrier = [] {
+    if constexpr (kWs)
+      named_sync(kWsMmaBarrier, T::kThreads);
+    else
+      __syncthreads();
+  };
 
   BwdBlock<kBlockM, kBlockN> blk;
   if (!blk.init(p, n_block)) return;
@@ -248,7 +283,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
     warpgroup_issue<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
     warpgroup_issue<true, false>(mma_sdp, tPrV, tPrdO(_, _, _, stage), acc_dp);
-    if constexpr (kTurns) {
+    if constexpr (kTurns && !kWs) {
       if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
     }
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries)
@@ -294,14 +329,16 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     if constexpr (T::kSplitHeadDim) {
       store_ds_stage(rP, tPsPt);
       store_ds_stage(rdS, tdSsdS);
-      sync_smem_for_wgmma();  // every warpgroup's P^T and dS^T columns are in shared memory
+      cutlass::arch::fence_view_async_shared();
+      mma_barrier();  // every warpgroup's P^T and dS^T columns are in shared memory, for wgmma
       load_ahead();
       warpgroup_issue<false, false>(mma_dv, tVsPt(_, _, _, ds_stage), tVrdOt(_, _, _, stage), acc_dv);
     } else {
       Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
       warpgroup_issue<false, true>(mma_dv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
       store_ds_stage(rdS, tdSsdS);
-      sync_smem_for_wgmma();  // every warpgroup's dS^T rows are in shared memory
+      cutlass::arch::fence_view_async_shared();
+      mma_barrier();  // every warpgroup's dS^T rows are in shared memory, for wgmma
       load_ahead();
     }
 
@@ -321,7 +358,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
         }
         warpgroup_wait_for<1>(acc_dv, acc_dq, rP);
         // The first chunk's atomics wait for this query tile's turn, under the dK product.
-        if constexpr (kTurns) {
+        if constexpr (kTurns && !kWs) {
           if (p.dq_turns) {
             turn = DqTurns::await<kBlockM, T::kWarps>(p, blk, bh, m, n_block);
           }
@@ -329,7 +366,25 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
       } else {
         warpgroup_wait_for<0>(acc_dq);
       }
-      atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq, opaque_thread_index());
+      if constexpr (kWs) {
+        // Into the writer's buffer once it has read the last one, with the message; the writer adds it.
+        static_assert(T::kDqChunks == 1, "one dQ chunk per step");
+        auto& ws = *reinterpret_cast<DqWsStorage<T>*>(smem_raw);
+        cutlass::arch::ClusterBarrier::wait(&ws.dq_empty, (dq_msgs++ & 1) ^ 1);
+        float* const dst = ws.dq + T::dq_frag_offset(0, tid);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2)
+          *reinterpret_cast<float2*>(dst + T::dq_frag_offset(i, 0)) = make_float2(acc_dq(i), acc_dq(i + 1));
+        if (tid == 0) {
+          int const prev = DqTurns::before(p, n_block);
+          ws.msg = DqMessage{dq_tile, DqTurns::word<kBlockM, T::kWarps>(p, bh, m0),
+                             blk.sees(prev, m) ? prev + 1 : 0, n_block + 1};
+        }
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::ClusterBarrier::arrive(&ws.dq_full);
+      } else {
+        atomic_add_dq_tile<T>(dq_tile + c * kBlockM * T::kDqCols, acc_dq, opaque_thread_index());
+      }
     };
     dq_chunk(0, cute::true_type{});
     warpgroup_wait_for<0>(acc_dk, rdS);
@@ -339,11 +394,11 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
-  if constexpr (kTurns) {
+  if constexpr (kTurns && !kWs) {
     if (p.dq_turns && num_iters > 0) DqTurns::pass(turn, n_block + 1);
   }
   ring += num_iters;
-  store_dk_dv<T>(p, blk, mma_kv, mma_dv, acc_dk, acc_dv, sK, sV);
+  store_dk_dv<T>(p, blk, mma_kv, mma_dv, acc_dk, acc_dv, sK, sV, mma_barrier);
   // The next key tile's TMA copies overwrite K's and V's shared memory, which the epilogue has just written and read
   // through the generic proxy: fenced here, ordered by the CTA barrier after this key tile (for_each_key_tile).
   if constexpr (kTma) cutlass::arch::fence_view_async_shared();
@@ -363,12 +418,75 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  int ring = 0, key_tiles = 0;
+  int ring = 0, key_tiles = 0, dq_msgs = 0;
   for_each_key_tile<T::kBlockN, kTurns>(params.p, [&](int n, float* dq_slot) {
-    bwd_key_tile<T, kTma, kTurns>(params, n, dq_slot, ring, key_tiles);
+    bwd_key_tile<T, kTma, kTurns>(params, n, dq_slot, ring, key_tiles, dq_msgs);
   });
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere
+#endif
+}
+
+// The writer thread of bwd_det_ws_kernel: for each message, waits for the query tile's turn, adds the buffer into
+// dQ with one bulk reduction, frees the buffer once read, and hands the turn on once the addition is done. Only this
+// thread waits on the turn and on the GPU-scope release; the MMA threads wait only for a free buffer.
+template <class T>
+__device__ __forceinline__ void bwd_dq_writer(DqWsStorage<T>& smem) {
+  for (int k = 0;; ++k) {
+    cutlass::arch::ClusterBarrier::wait(&smem.dq_full, k & 1);
+    DqMessage const msg = smem.msg;
+    if (msg.dst == nullptr) break;
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(msg.word) : "memory");
+    } while (seen != msg.wait);
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    bulk_reduce_add(msg.dst, smem.dq, T::kBlockM * T::kDqCols * sizeof(float));
+    bulk_commit();
+    bulk_wait_read();
+    cutlass::arch::ClusterBarrier::arrive(&smem.dq_empty);
+    bulk_wait_done();
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(msg.word), "r"(msg.pass) : "memory");
+  }
+}
+
+// Deterministic mode with TMA loads, where a float32 dQ buffer fits beside the tile's shared memory
+// (BwdTraits::kDetWs): the MMA warpgroups of bwd_kernel plus a warpgroup whose first warp writes dQ
+// (bwd_dq_writer); setmaxnreg moves that warpgroup's registers to the MMA threads.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_det_ws_kernel(__grid_constant__ BwdParams<T> const params) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& smem = *reinterpret_cast<DqWsStorage<T>*>(smem_raw);
+  if (threadIdx.x == 0) {
+    CUTE_UNROLL
+    for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], 1);
+    cutlass::arch::ClusterBarrier::init(&smem.key_tile_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.dq_full, T::kThreads);
+    cutlass::arch::ClusterBarrier::init(&smem.dq_empty, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= T::kThreads) {
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (threadIdx.x == T::kThreads) bwd_dq_writer<T>(smem);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  int ring = 0, key_tiles = 0, dq_msgs = 0;
+  for_each_key_tile<T::kBlockN, true>(
+      params.p,
+      [&](int n, float* dq_slot) {
+        bwd_key_tile<T, true, true, true>(params, n, dq_slot, ring, key_tiles, dq_msgs);
+      },
+      [] { named_sync(kWsMmaBarrier, T::kThreads); });
+  // The message that ends the writer.
+  cutlass::arch::ClusterBarrier::wait(&smem.dq_empty, (dq_msgs & 1) ^ 1);
+  if (threadIdx.x == 0) smem.msg.dst = nullptr;
+  cutlass::arch::ClusterBarrier::arrive(&smem.dq_full);
+#else
+  __trap();
 #endif
 }
 

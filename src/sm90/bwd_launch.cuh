@@ -42,6 +42,12 @@ int run_bwd(BwdKernelParams const& p, void* stream) {
       p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
   if (!encoded.ok())  // the driver refused one
     return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, false, true> : &bwd_kernel<T, false, false>, params);
+  // Deterministic mode hands dQ to a writer thread where a float32 buffer for it fits (bwd_det_ws_kernel).
+  if constexpr (kDetWs<T>) {
+    if (turns)
+      return run_bwd_passes<T>(p, stream, &bwd_det_ws_kernel<T>, params, T::kThreads + 128,
+                               (int)sizeof(DqWsStorage<T>));
+  }
   return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, true, true> : &bwd_kernel<T, true, false>, params);
 }
 

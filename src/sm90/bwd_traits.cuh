@@ -44,7 +44,9 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // Deterministic mode orders the CTAs' dQ additions by turns (common/bwd_dq_order.cuh) in every tile, in a kernel
   // of its own (bwd_kernel's kTurns): the turn code cost the default mode 0.4-2.3% at hd192 and hd256 and 3-4% at
   // hd64 (bench/RESULTS.md, fourteenth session), and a dQ slot per CTA, the other scheme, sends the additions to
-  // memory once the slots outgrow L2 (2026-12-06, second session). src/arch/registry.h's orders_dq_by_turns agrees.
+  // memory once the slots outgrow L2 (2026-12-06, second session). Where a float32 dQ buffer fits beside the tile
+  // (hd128, hd192), the TMA kernel hands dQ to a writer thread that alone waits on the turns (bwd_det_ws_kernel).
+  // src/arch/registry.h's orders_dq_by_turns agrees.
   static constexpr bool kDqTurns = true;
   static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitHeadDim),
                 "dQ = dS K: one or two wgmma row blocks, their columns split over the warpgroups");

@@ -63,4 +63,16 @@ CUTE_DEVICE void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Bulk (non-tensor) reduction of `bytes` of floats from shared to global memory (both 16-byte aligned, bytes a
+// multiple of 16) in this thread's current bulk group; the group's commit; and the waits for this thread's groups:
+// until their shared-memory sources have been read, or until their additions are done.
+CUTE_DEVICE void bulk_reduce_add(float* gmem, float const* smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem),
+               "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "memory");
+}
+CUTE_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+CUTE_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+CUTE_DEVICE void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 }  // namespace flashcute::sm90

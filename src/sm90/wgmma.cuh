@@ -1,6 +1,6 @@
 // Warpgroup GEMMs on Hopper: acc (+)= A * B over every k-slice with wgmma, A from shared memory (descriptors) or
 // registers, B from shared memory. issue() starts one commit group and returns at once; wait<N>() returns when at
-// most N of this warpgroup's groups are still running; sync_smem_for_wgmma() orders shared-memory writes before them.
+// most N of this warpgroup's groups are still running.
 #pragma once
 
 #include <type_traits>
@@ -42,13 +42,6 @@ template <int kInFlight, class... Operands>
 CUTE_DEVICE void warpgroup_wait_for(Operands&... ops) {
   warpgroup_wait<kInFlight>();
   (warpgroup_fence_operand(ops), ...);
-}
-
-// Makes every thread's writes to shared memory so far (cp.async fills, plain stores) visible to the CTA's next
-// wgmma: they go through the generic proxy and wgmma reads through the async one, so a proxy fence, then a barrier.
-CUTE_DEVICE void sync_smem_for_wgmma() {
-  cutlass::arch::fence_view_async_shared();
-  __syncthreads();
 }
 
 }  // namespace flashcute::sm90
