@@ -216,11 +216,14 @@ def test_backward_grid_forced_arch(arch, hd, feature, sq, sk):
     run_backward_case(torch.bfloat16 if arch % 2 else torch.float16, hd, feature, sq, sk, True, arch=arch)
 
 
-# More key tiles than dQ slots (src/api/workspace.h) in every case, so tiles share slots and take turns. The
+# Several key tiles per column in every case, so CTAs take turns (or share slots). Natively the Hopper tiles take
+# turns: hd128 and hd192 (and (192, 128)) through a dQ writer thread, hd64 and hd256 from the MMA warps. The
 # forced-arch cases run the portable tiles: hd256 orders its dQ additions by turns, the others use slots.
 @pytest.mark.parametrize("dtype,hd,feature,sq,sk,arch", [
     (torch.bfloat16, 128, "causal", 1013, 1013, None),
     (torch.bfloat16, 128, "gqa4", 1013, 1013, None),
+    (torch.bfloat16, 192, "window", 517, 1013, None),
+    (torch.float16, (192, 128), "causal", 1013, 700, None),
     (torch.float16, 64, "window", 517, 1013, None),
     (torch.float16, 256, "softcap", 1013, 700, None),
     (torch.bfloat16, 128, "causal", 1013, 1013, 80),
@@ -234,7 +237,7 @@ def test_backward_deterministic_bits(dtype, hd, feature, sq, sk, arch):
     run_backward_case(dtype, hd, feature, sq, sk, True, arch=arch, deterministic=True)
     q, k, v = make_inputs(dtype, hd, feature, sq, sk, 7, requires_grad=True)
     _, _, causal, window, softcap = FEATURES[feature]
-    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    dout = torch.randn(*q.shape[:-1], v.shape[-1], device="cuda", dtype=q.dtype)
     dlse = torch.randn(q.shape[0], q.shape[2], q.shape[1], device="cuda")
     runs = []
     with forced_arch(arch):
