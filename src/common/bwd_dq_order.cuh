@@ -46,34 +46,46 @@ struct DqTurns {
   // The key tile whose additions come just before key tile n's, if it sees the same query tile.
   CUTE_DEVICE static int before(BwdKernelParams const& p, int n) { return p.dq_descending ? n + 1 : n - 1; }
 
-  // Waits for this warp's turn at query tile m of (batch, head) row block bh: until key tile n's predecessor in the
-  // order has added, where that key tile sees query tile m (blk: common/bwd_block.cuh), else until no key tile has.
-  // Returns the word to pass() once this warp's additions are issued.
+  // The value the turn word of query tile m holds once key tile n may add: key tile n's predecessor in the order
+  // has added where that key tile sees query tile m (blk: common/bwd_block.cuh), else no key tile has.
+  template <class Block>
+  CUTE_DEVICE static int awaited(BwdKernelParams const& p, Block const& blk, int m, int n) {
+    int const prev = before(p, n);
+    return blk.sees(prev, m) ? prev + 1 : 0;
+  }
+
+  // Waits for this warp's turn at query tile m of (batch, head) row block bh (awaited()). Returns the word to
+  // pass() once this warp's additions are issued.
   template <int kBlockM, int kWarps, class Block>
   CUTE_DEVICE static int* await(BwdKernelParams const& p, Block const& blk, int64_t bh, int m, int n) {
     int* const w = word<kBlockM, kWarps>(p, bh, m * kBlockM);
-    int const prev = before(p, n);
-    wait(w, blk.sees(prev, m) ? prev + 1 : 0);
+    wait(w, awaited(p, blk, m, n));
     return w;
   }
 
-  // Waits (one lane polling) until the word says `value`; the warp's later additions are then ordered after those
-  // the releasing warp made before it.
-  CUTE_DEVICE static void wait(int const* word, int value) {
-    if (threadIdx.x % 32 == 0) {
-      int seen;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
-      } while (seen != value);
-    }
-    __syncwarp();
+  // One thread polls until the word says `value`; its later additions are then ordered after those the releasing
+  // thread made visible before it.
+  CUTE_DEVICE static void poll(int const* word, int value) {
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+    } while (seen != value);
+  }
+  // One thread hands the turn on: the release store orders the additions visible to it before the store.
+  CUTE_DEVICE static void release(int* word, int value) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
   }
 
+  // The warp's forms: one lane polls, and the warp barrier makes its acquire the warp's.
+  CUTE_DEVICE static void wait(int const* word, int value) {
+    if (threadIdx.x % 32 == 0) poll(word, value);
+    __syncwarp();
+  }
   // Hands the turn on once every lane's additions are visible at GPU scope (the release store orders them, the
   // warp barrier makes them the storing lane's).
   CUTE_DEVICE static void pass(int* word, int value) {
     __syncwarp();
-    if (threadIdx.x % 32 == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+    if (threadIdx.x % 32 == 0) release(word, value);
   }
 };
 

@@ -375,11 +375,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2)
           *reinterpret_cast<float2*>(dst + T::dq_frag_offset(i, 0)) = make_float2(acc_dq(i), acc_dq(i + 1));
-        if (tid == 0) {
-          int const prev = DqTurns::before(p, n_block);
+        if (tid == 0)
           ws.msg = DqMessage{dq_tile, DqTurns::word<kBlockM, T::kWarps>(p, bh, m0),
-                             blk.sees(prev, m) ? prev + 1 : 0, n_block + 1};
-        }
+                             DqTurns::awaited(p, blk, m, n_block), n_block + 1};
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::ClusterBarrier::arrive(&ws.dq_full);
       } else {
@@ -436,10 +434,7 @@ __device__ __forceinline__ void bwd_dq_writer(DqWsStorage<T>& smem) {
     cutlass::arch::ClusterBarrier::wait(&smem.dq_full, k & 1);
     DqMessage const msg = smem.msg;
     if (msg.dst == nullptr) break;
-    int seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(msg.word) : "memory");
-    } while (seen != msg.wait);
+    DqTurns::poll(msg.word, msg.wait);
     asm volatile("fence.proxy.async.global;" ::: "memory");
     bulk_reduce_add(msg.dst, smem.dq, T::kBlockM * T::kDqCols * sizeof(float));
     bulk_commit();
@@ -447,13 +442,13 @@ __device__ __forceinline__ void bwd_dq_writer(DqWsStorage<T>& smem) {
     cutlass::arch::ClusterBarrier::arrive(&smem.dq_empty);
     bulk_wait_done();
     asm volatile("fence.proxy.async.global;" ::: "memory");
-    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(msg.word), "r"(msg.pass) : "memory");
+    DqTurns::release(msg.word, msg.pass);
   }
 }
 
-// Deterministic mode with TMA loads, where a float32 dQ buffer fits beside the tile's shared memory
-// (BwdTraits::kDetWs): the MMA warpgroups of bwd_kernel plus a warpgroup whose first warp writes dQ
-// (bwd_dq_writer); setmaxnreg moves that warpgroup's registers to the MMA threads.
+// Deterministic mode with TMA loads, where a float32 dQ buffer fits beside the tile's shared memory (kDetWs): the
+// MMA warpgroups of bwd_kernel plus a warpgroup whose first thread writes dQ (bwd_dq_writer); setmaxnreg moves that
+// warpgroup's registers to the MMA threads.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_det_ws_kernel(__grid_constant__ BwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
