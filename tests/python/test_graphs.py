@@ -135,13 +135,14 @@ def test_graph_varlen_without_maxima_is_refused_clearly():
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compile_on_the_gpu(mode):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_compile_on_the_gpu(mode, deterministic):
     torch._dynamo.reset()
     gen = torch.Generator(device="cuda").manual_seed(2)
     inputs = fixed_inputs(gen)
 
     def step(q, k, v, dout, dlse):
-        out, lse = flash_attn_func(q, k, v, causal=True, window_size=(256, None))
+        out, lse = flash_attn_func(q, k, v, causal=True, window_size=(256, None), deterministic=deterministic)
         loss = (out.float() * dout.float()).sum() + (lse * dlse).sum()
         return (out, lse, *torch.autograd.grad(loss, (q, k, v)))
 
