@@ -8,7 +8,7 @@
 // at the start of each walk): at hd192 and hd256 they ran at 0.75-0.92x the default mode against the slots'
 // 0.54-0.66x. On an H100 (2026-12-06, second session) the hd64 and hd128 tiles' turns ran 1.09-1.44x their slots,
 // and at hd128 a writer thread that takes the waits and the release off the MMA warps (src/sm90/bwd_kernel.cuh,
-// bwd_det_ws_kernel) 1.14-1.33x the per-warp turns, 0.83-0.94x the default mode. The writer polls and releases
+// bwd_ws_kernel) 1.14-1.33x the per-warp turns, 0.83-0.94x the default mode. The writer polls and releases
 // word 0 of a query tile's words; the MMA warps of the other kernels one word each.
 //
 // Turns are kept per (query head, query tile, warp): a warp's dQ fragment covers the same floats in every CTA

@@ -5,8 +5,8 @@
 //   S^T = K Q^T, dP^T = V dO^T;  P^T = exp2(S^T * scale_log2 - lse_log2);  dS^T = P^T * (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q   (dV, dK in registers for the whole walk)
 //   dQ  = dS K                   (dS through shared memory; added into the float32 workspace with atomics, in
-//                                 deterministic mode in turns: common/bwd_dq_order.cuh, by a writer thread of its
-//                                 own where its buffer fits: bwd_det_ws_kernel)
+//                                 deterministic mode in turns: common/bwd_dq_order.cuh; or, where its buffer
+//                                 fits, handed to a writer thread of its own: bwd_ws_kernel)
 // Shared-memory writes that a wgmma reads (dS^T, P^T) go through the generic proxy and wgmma reads through the
 // async one: a proxy fence, then the barrier.
 // How the warpgroups share the work (one per 64 keys, or all on 64 keys splitting the head dim): see BwdTraits.
@@ -41,9 +41,9 @@ struct BwdParams {
   typename T::TmaV tma_v;
 };
 
-// Deterministic mode with a dQ writer (bwd_det_ws_kernel): the MMA threads hand each step's dQ to one writer thread
-// through a float32 buffer in shared memory, with a message: where it goes, the turn word, the value to wait for
-// and the one to hand on (common/bwd_dq_order.cuh). dst null ends the writer.
+// The kernel with a dQ writer (bwd_ws_kernel): the MMA threads hand each step's dQ to one writer thread through a
+// float32 buffer in shared memory, with a message: where it goes and, in deterministic mode, the turn word, the
+// value to wait for and the one to hand on (common/bwd_dq_order.cuh). dst null ends the writer.
 struct DqMessage {
   float* dst;
   int* word;
@@ -58,10 +58,19 @@ struct DqWsStorage : T::SharedStorage {
 };
 // The named barrier of that kernel's MMA threads (0 is __syncthreads, which the writer does not join).
 constexpr int kWsMmaBarrier = 1;
-// Whether tile T's deterministic TMA kernel is bwd_det_ws_kernel: one dQ chunk per step, and room for its buffer
-// (hd128, hd192; not hd64's 128-row tile, nor hd256's four chunks).
+// The tile of the dQ writer's kernel (bwd_ws_kernel): tile T where its dQ buffer fits beside it, else T with two
+// Q/dO stages (hd64's 128-row tile); kDqWriter: whether it fits then, with one dQ chunk per step (not hd256).
 template <class T>
-constexpr bool kDetWs = T::kDqChunks == 1 && sizeof(DqWsStorage<T>) <= 227 * 1024;
+constexpr bool kDqBufferFits = sizeof(DqWsStorage<T>) <= 227 * 1024;
+template <class T>
+using WsTraits = std::conditional_t<kDqBufferFits<T>, T, typename T::template WithStages<2>>;
+template <class T>
+constexpr bool kDqWriter = T::kDqChunks == 1 && kDqBufferFits<WsTraits<T>>;
+// Where the default mode takes the writer kernel too: the 64-key tiles (hd192, (192, 128)), whose atomics cost the
+// MMA warps twice as much per product as the 128-key tiles' do. On an H100 the writer ran hd192 at 1.08-1.16x the
+// atomics, and hd64 (two Q/dO stages) and hd128 at 0.92-1.04x (bench/RESULTS.md, 2026-12-06, third session).
+template <class T>
+constexpr bool kDqWriterDefault = kDqWriter<T> && T::kBlockN == 64;
 
 // TMA (thread 0): Q and dO of query tile m of head h, batch b, into `stage`, with the rows' lse_log2 and D by bulk
 // copies; the stage's mbarrier completes once all have landed.
@@ -375,9 +384,13 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2)
           *reinterpret_cast<float2*>(dst + T::dq_frag_offset(i, 0)) = make_float2(acc_dq(i), acc_dq(i + 1));
-        if (tid == 0)
-          ws.msg = DqMessage{dq_tile, DqTurns::word<kBlockM, T::kWarps>(p, bh, m0),
-                             DqTurns::awaited(p, blk, m, n_block), n_block + 1};
+        if (tid == 0) {
+          if constexpr (kTurns)
+            ws.msg = DqMessage{dq_tile, DqTurns::word<kBlockM, T::kWarps>(p, bh, m0),
+                               DqTurns::awaited(p, blk, m, n_block), n_block + 1};
+          else
+            ws.msg = DqMessage{dq_tile, nullptr, 0, 0};
+        }
         cutlass::arch::fence_view_async_shared();
         cutlass::arch::ClusterBarrier::arrive(&ws.dq_full);
       } else {
@@ -425,32 +438,37 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
 #endif
 }
 
-// The writer thread of bwd_det_ws_kernel: for each message, waits for the query tile's turn, adds the buffer into
-// dQ with one bulk reduction, frees the buffer once read, and hands the turn on once the addition is done. Only this
-// thread waits on the turn and on the GPU-scope release; the MMA threads wait only for a free buffer.
-template <class T>
+// The writer thread of bwd_ws_kernel: for each message, adds the buffer into dQ with one bulk reduction and frees
+// the buffer once read. kTurns: it first waits for the query tile's turn, and hands the turn on once the addition
+// is done; only this thread waits on the turn and on the GPU-scope release, the MMA threads only for a free buffer.
+template <class T, bool kTurns>
 __device__ __forceinline__ void bwd_dq_writer(DqWsStorage<T>& smem) {
   for (int k = 0;; ++k) {
     cutlass::arch::ClusterBarrier::wait(&smem.dq_full, k & 1);
     DqMessage const msg = smem.msg;
     if (msg.dst == nullptr) break;
-    DqTurns::poll(msg.word, msg.wait);
-    asm volatile("fence.proxy.async.global;" ::: "memory");
+    if constexpr (kTurns) {
+      DqTurns::poll(msg.word, msg.wait);
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
     bulk_reduce_add(msg.dst, smem.dq, T::kBlockM * T::kDqCols * sizeof(float));
     bulk_commit();
     bulk_wait_read();
     cutlass::arch::ClusterBarrier::arrive(&smem.dq_empty);
-    bulk_wait_done();
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    DqTurns::release(msg.word, msg.pass);
+    if constexpr (kTurns) {
+      bulk_wait_done();
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      DqTurns::release(msg.word, msg.pass);
+    }
   }
+  bulk_wait_done();
 }
 
-// Deterministic mode with TMA loads, where a float32 dQ buffer fits beside the tile's shared memory (kDetWs): the
-// MMA warpgroups of bwd_kernel plus a warpgroup whose first thread writes dQ (bwd_dq_writer); setmaxnreg moves that
-// warpgroup's registers to the MMA threads.
-template <class T>
-__global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_det_ws_kernel(__grid_constant__ BwdParams<T> const params) {
+// TMA loads where a float32 dQ buffer fits beside the tile's shared memory (kDqWriter): the MMA warpgroups of
+// bwd_kernel plus a warpgroup whose first thread adds dQ (bwd_dq_writer); setmaxnreg moves that warpgroup's
+// registers to the MMA threads. kTurns: deterministic mode.
+template <class T, bool kTurns>
+__global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_ws_kernel(__grid_constant__ BwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<DqWsStorage<T>*>(smem_raw);
@@ -465,15 +483,15 @@ __global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_det_ws_kernel(__grid
   __syncthreads();
   if (threadIdx.x >= T::kThreads) {
     cutlass::arch::warpgroup_reg_dealloc<24>();
-    if (threadIdx.x == T::kThreads) bwd_dq_writer<T>(smem);
+    if (threadIdx.x == T::kThreads) bwd_dq_writer<T, kTurns>(smem);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<240>();
   int ring = 0, key_tiles = 0, dq_msgs = 0;
-  for_each_key_tile<T::kBlockN, true>(
+  for_each_key_tile<T::kBlockN, kTurns>(
       params.p,
       [&](int n, float* dq_slot) {
-        bwd_key_tile<T, true, true, true>(params, n, dq_slot, ring, key_tiles, dq_msgs);
+        bwd_key_tile<T, true, kTurns, true>(params, n, dq_slot, ring, key_tiles, dq_msgs);
       },
       [] { named_sync(kWsMmaBarrier, T::kThreads); });
   // The message that ends the writer.

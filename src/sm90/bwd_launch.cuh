@@ -22,14 +22,11 @@ inline bool bwd_tma_serves(BwdKernelParams const& p) {
          tma_strides_ok(k_sizes, {p.v_batch_stride, p.v_row_stride, p.v_head_stride});
 }
 
+// The TMA copies of Q, dO, K and V for tile T's shared-memory layouts; false where the driver refused one.
 template <class T>
-int run_bwd(BwdKernelParams const& p, void* stream) {
+bool make_bwd_tma(BwdParams<T>& params) {
   using Element = typename T::Element;
-  BwdParams<T> params{};
-  params.p = p;
-  bool const turns = p.dq_turns != nullptr;  // deterministic mode (the workspace holds turn words)
-  if (!bwd_tma_serves(p))
-    return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, false, true> : &bwd_kernel<T, false, false>, params);
+  BwdKernelParams const& p = params.p;
   TmaEncodeCheck encoded;
   params.tma_q = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutQs{})), T::kBlockM, T::kHeadDim>(
       p.q, p.seqlen_q, p.head_dim, p.nheads, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
@@ -40,15 +37,48 @@ int run_bwd(BwdKernelParams const& p, void* stream) {
       p.k, p.seqlen_k, p.head_dim, p.nheads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
   params.tma_v = make_rows_tma<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(
       p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
-  if (!encoded.ok())  // the driver refused one
-    return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, false, true> : &bwd_kernel<T, false, false>, params);
-  // Deterministic mode hands dQ to a writer thread where a float32 buffer for it fits (bwd_det_ws_kernel).
-  if constexpr (kDetWs<T>) {
-    if (turns)
-      return run_bwd_passes<T>(p, stream, &bwd_det_ws_kernel<T>, params, T::kThreads + 128,
-                               (int)sizeof(DqWsStorage<T>));
+  return encoded.ok();
+}
+
+// Names a tile (its traits) as a value, for a generic lambda.
+template <class U>
+struct TileTag {
+  using type = U;
+};
+
+template <class T>
+int run_bwd(BwdKernelParams const& p, void* stream) {
+  bool const turns = p.dq_turns != nullptr;  // deterministic mode (the workspace holds turn words)
+  // TMA loads where they serve and the driver encodes the copies; kernel of tile U (`tile` names it).
+  constexpr int kRefused = -1;
+  auto with_tma = [&](auto tile, auto kernel, int threads, int smem_bytes) {
+    using U = typename decltype(tile)::type;
+    BwdParams<U> params{};
+    params.p = p;
+    return make_bwd_tma(params) ? run_bwd_passes<U>(p, stream, kernel, params, threads, smem_bytes) : kRefused;
+  };
+  int status = kRefused;
+  if (bwd_tma_serves(p)) {
+    // A writer thread adds dQ where a float32 buffer for it fits (bwd_ws_kernel): in deterministic mode, and in the
+    // default mode where it measured faster (kDqWriterDefault).
+    if constexpr (kDqWriter<T>) {
+      using W = WsTraits<T>;
+      constexpr int kWsThreads = W::kThreads + 128, kWsSmem = sizeof(DqWsStorage<W>);
+      if (turns)
+        status = with_tma(TileTag<W>{}, &bwd_ws_kernel<W, true>, kWsThreads, kWsSmem);
+      else if constexpr (kDqWriterDefault<T>)
+        status = with_tma(TileTag<W>{}, &bwd_ws_kernel<W, false>, kWsThreads, kWsSmem);
+      else
+        status = with_tma(TileTag<T>{}, &bwd_kernel<T, true, false>, T::kThreads, T::kSmemBytes);
+    } else {
+      status = with_tma(TileTag<T>{}, turns ? &bwd_kernel<T, true, true> : &bwd_kernel<T, true, false>,
+                        T::kThreads, T::kSmemBytes);
+    }
   }
-  return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, true, true> : &bwd_kernel<T, true, false>, params);
+  if (status != kRefused) return status;
+  BwdParams<T> params{};  // cp.async loads
+  params.p = p;
+  return run_bwd_passes<T>(p, stream, turns ? &bwd_kernel<T, false, true> : &bwd_kernel<T, false, false>, params);
 }
 
 }  // namespace flashcute::sm90

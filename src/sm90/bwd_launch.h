@@ -4,7 +4,7 @@
 namespace flashcute {
 struct BwdKernelParams;
 namespace sm90 {
-template <class Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kHeadDimV = kHeadDim>
+template <class Element, int kHeadDim, int kBlockM, int kBlockN, int kWarps, int kHeadDimV = kHeadDim, int kStages = 0>
 struct BwdTraits;
 // Returns a cudaError_t as int so host code needs no CUDA headers.
 template <class Traits>

@@ -18,7 +18,8 @@ using namespace cute;
 
 // kHeadDimV: V's, dO's and dV's head dim where it differs from Q's and K's (DeepSeek's 192 / 128; the default,
 // declared in bwd_launch.h, is kHeadDim).
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kHeadDimV_>
+// kStages_: the Q/dO stages where not the tile's own (0; a kernel with a dQ buffer beside the tile may take fewer).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kHeadDimV_, int kStages_>
 struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -37,7 +38,9 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // Q/dO stages. The loads of step i + kStages - 1 are issued right after step i's shared-memory barrier, which
   // every warp passes only once done with step i - 1, whose stage they refill: no CTA barrier at a step's start.
   // Three stages give those loads more than a step to land; hd192 and hd256 have room for two.
-  static constexpr int kStages = kSplitHeadDim ? 2 : 3;
+  static constexpr int kStages = kStages_ ? kStages_ : kSplitHeadDim ? 2 : 3;
+  template <int kStagesWith>
+  using WithStages = BwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kWarps_, kHeadDimV_, kStagesWith>;
   // dS^T (and P^T) alternate between two buffers, so a warpgroup may store step i's while the other still reads
   // step i - 1's.
   static constexpr int kDsStages = 2;
@@ -45,7 +48,8 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // of its own (bwd_kernel's kTurns): the turn code cost the default mode 0.4-2.3% at hd192 and hd256 and 3-4% at
   // hd64 (bench/RESULTS.md, fourteenth session), and a dQ slot per CTA, the other scheme, sends the additions to
   // memory once the slots outgrow L2 (2026-12-06, second session). Where a float32 dQ buffer fits beside the tile
-  // (hd128, hd192), the TMA kernel hands dQ to a writer thread that alone waits on the turns (bwd_det_ws_kernel).
+  // (hd64 with two stages, hd128, hd192), the TMA kernel hands dQ to a writer thread that alone waits on the turns
+  // (bwd_ws_kernel).
   // src/arch/registry.h's orders_dq_by_turns agrees.
   static constexpr bool kDqTurns = true;
   static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitHeadDim),
