@@ -127,7 +127,9 @@ FWD_SM90 = [
 # thread); with block_n 64 both warpgroups take the same 64 keys and split the head dim (see src/sm90/bwd_traits.cuh).
 # hd96 runs the portable kernel: 64x128 here spilled 8 B on sm_90a once the epilogue moved into common/bwd_epilogue.cuh,
 # and the spill-free 64x64 ran at 175-214 TFLOP/s on the H200 against the portable 64x128's 220-282 (bench/RESULTS.md,
-# sixth session, run D).
+# sixth session, run D). The sizes below are the tile's own; the kernel with a dQ writer thread (src/sm90/bwd_kernel.cuh,
+# bwd_ws_kernel: deterministic mode at hd64 and hd128, both modes at hd192 and (192, 128)) adds a float32 dQ buffer of
+# up to 48 KB and a third warpgroup (hd64 then takes two Q/dO stages), still one CTA per SM.
 BWD_SM90 = [
     # hd64 takes 128 query rows per step (FA4's hd64 tile): 1.01-1.17x the 64-row tile it replaced, default and
     # deterministic (bench/RESULTS.md, twenty-fourth session, run 8; twenty-fifth, runs 1-3).
