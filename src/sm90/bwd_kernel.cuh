@@ -56,8 +56,13 @@ struct DqWsStorage : T::SharedStorage {
   uint64_t dq_full;   // the buffer and message written: one arrival per MMA thread
   uint64_t dq_empty;  // the writer has read them: one arrival
 };
-// The named barrier of that kernel's MMA threads (0 is __syncthreads, which the writer does not join).
+// The named barrier of that kernel's MMA threads (0 is __syncthreads, which the writer does not join), as a barrier
+// object for store_dk_dv and for_each_key_tile.
 constexpr int kWsMmaBarrier = 1;
+template <class T>
+struct SyncMmaThreads {
+  CUTE_DEVICE void operator()() const { named_sync(kWsMmaBarrier, T::kThreads); }
+};
 // The tile of the dQ writer's kernel (bwd_ws_kernel): tile T where its dQ buffer fits beside it, else T with two
 // Q/dO stages (hd64's 128-row tile); kDqWriter: whether it fits then, with one dQ chunk per step (not hd256).
 template <class T>
@@ -117,12 +122,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   int const tid = threadIdx.x;
 
   // A barrier over the MMA threads: the whole CTA, or (kWs) all but the dQ writer's warpgroup.
-  auto const mma_barrier = [] {
-    if constexpr (kWs)
-      named_sync(kWsMmaBarrier, T::kThreads);
-    else
-      __syncthreads();
-  };
+  std::conditional_t<kWs, SyncMmaThreads<T>, SyncCta> const mma_barrier{};
+  // Deterministic mode without a writer: each warp waits for its turn and hands it on itself.
+  constexpr bool kWarpTurns = kTurns && !kWs;
 
   BwdBlock<kBlockM, kBlockN> blk;
   if (!blk.init(p, n_block)) return;
@@ -292,7 +294,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
     warpgroup_issue<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
     warpgroup_issue<true, false>(mma_sdp, tPrV, tPrdO(_, _, _, stage), acc_dp);
-    if constexpr (kTurns && !kWs) {
+    if constexpr (kWarpTurns) {
       if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
     }
     Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries)
@@ -367,7 +369,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
         }
         warpgroup_wait_for<1>(acc_dv, acc_dq, rP);
         // The first chunk's atomics wait for this query tile's turn, under the dK product.
-        if constexpr (kTurns && !kWs) {
+        if constexpr (kWarpTurns) {
           if (p.dq_turns) {
             turn = DqTurns::await<kBlockM, T::kWarps>(p, blk, bh, m, n_block);
           }
@@ -405,7 +407,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   for (int it = 0; it < num_general; ++it) step(it, cute::true_type{});
   for (int it = num_general; it < num_iters; ++it) step(it, cute::false_type{});
 
-  if constexpr (kTurns && !kWs) {
+  if constexpr (kWarpTurns) {
     if (p.dq_turns && num_iters > 0) DqTurns::pass(turn, n_block + 1);
   }
   ring += num_iters;
@@ -449,7 +451,7 @@ __device__ __forceinline__ void bwd_dq_writer(DqWsStorage<T>& smem) {
     if (msg.dst == nullptr) break;
     if constexpr (kTurns) {
       DqTurns::poll(msg.word, msg.wait);
-      asm volatile("fence.proxy.async.global;" ::: "memory");
+      bulk_fence_global();
     }
     bulk_reduce_add(msg.dst, smem.dq, T::kBlockM * T::kDqCols * sizeof(float));
     bulk_commit();
@@ -457,7 +459,7 @@ __device__ __forceinline__ void bwd_dq_writer(DqWsStorage<T>& smem) {
     cutlass::arch::ClusterBarrier::arrive(&smem.dq_empty);
     if constexpr (kTurns) {
       bulk_wait_done();
-      asm volatile("fence.proxy.async.global;" ::: "memory");
+      bulk_fence_global();
       DqTurns::release(msg.word, msg.pass);
     }
   }
@@ -493,7 +495,7 @@ __global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_ws_kernel(__grid_con
       [&](int n, float* dq_slot) {
         bwd_key_tile<T, true, kTurns, true>(params, n, dq_slot, ring, key_tiles, dq_msgs);
       },
-      [] { named_sync(kWsMmaBarrier, T::kThreads); });
+      SyncMmaThreads<T>{});
   // The message that ends the writer.
   cutlass::arch::ClusterBarrier::wait(&smem.dq_empty, (dq_msgs & 1) ^ 1);
   if (threadIdx.x == 0) smem.msg.dst = nullptr;

@@ -74,5 +74,7 @@ CUTE_DEVICE void bulk_reduce_add(float* gmem, float const* smem, uint32_t bytes)
 CUTE_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 CUTE_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 CUTE_DEVICE void bulk_wait_done() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Orders this thread's global-memory accesses through the generic proxy with those of its bulk copies (async proxy).
+CUTE_DEVICE void bulk_fence_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 }  // namespace flashcute::sm90
