@@ -137,8 +137,8 @@ BwdWorkspace bwd_workspace(flashcute_bwd_params const& params, KernelConfig cons
   Dq const dq = !deterministic ? Dq::kShared : orders_dq_by_turns(cfg) ? Dq::kTurns : Dq::kSlots;
   // Grid columns of the main kernel: (batch, query head), or (batch, K/V head) for deterministic GQA.
   int64_t const columns = p.batch * (deterministic && p.nheads != p.nheads_kv ? p.nheads_kv : p.nheads);
-  return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_n, dq,
-                            (int)(columns < (1 << 30) ? columns : (1 << 30)),
+  return BwdWorkspace::make(p.batch, p.seqlen_q, p.seqlen_k, p.nheads, p.nheads_kv, cfg.head_dim, cfg.block_m,
+                            cfg.block_n, dq, (int)(columns < (1 << 30) ? columns : (1 << 30)),
                             dq == Dq::kSlots ? current_sm_count() : 1, span_bytes(p));
 }
 

@@ -1,6 +1,7 @@
 // Layout of the backward's float32 workspace, shared by the size query and the launch code.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -22,8 +23,22 @@ struct BwdWorkspace {
   // memory (ncu on an H100, hd128 16k: 39 GB of DRAM traffic against 1 GB in the default mode, 0.49x its speed;
   // bench/RESULTS.md, 2026-12-06 second session): the Hopper tiles take turns instead, the portable ones below hd256
   // keep slots.
+  // kTurns in lanes: key tile n adds into accumulator slot n % lanes, in turns with the key tiles of its lane
+  // alone (common/bwd_dq_order.cuh), so the chain of hand-overs at a query tile is key tiles / lanes long;
+  // choose_dq_lanes() picks the count. dq_slots holds the slots in both schemes.
   enum class Dq { kShared, kSlots, kTurns };
   static constexpr int kMaxDqSlots = 16;
+  static constexpr int kMaxDqLanes = 8;
+
+  // Lanes for kTurns: one while the key tiles of a column are no more than its query tiles, else their ratio, at
+  // most kMaxDqLanes. Each lane costs a dQ-sized float32 slot, and the additions of neighbouring key tiles, which
+  // run side by side, then go to different slots, so more lanes than the chain needs cost L2: on an H100 (bf16,
+  // bench/RESULTS.md, 2026-12-06 fourth session, run 1) 1k query rows against 16k keys ran 2.1-3.0x faster with 8
+  // lanes than with one, while at equal lengths (1k-16k) 2 lanes ran 0.61-1.05x one.
+  static int choose_dq_lanes(int64_t key_tiles, int64_t query_tiles) {
+    if (query_tiles <= 0) return 1;
+    return (int)std::max<int64_t>(1, std::min<int64_t>(key_tiles / query_tiles, kMaxDqLanes));
+  }
 
   // The slot count s in [1, min(key tiles, kMaxDqSlots)] that wastes least: columns * s CTAs run in whole waves
   // of sm_count, and each walks ceil(key_tiles / s) tiles. Measured on the H200: 5 slots for 32 columns (160
@@ -51,7 +66,7 @@ struct BwdWorkspace {
   // Varlen sequences each get a region of the rounded maximum length, indexed by sequence number; span_bytes is
   // the varlen prepare pass's table (0 for the fixed-length batch).
   static BwdWorkspace make(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads, int64_t nheads_kv,
-                           int64_t tile_head_dim, int block_n, Dq dq, int grid_columns, int sm_count,
+                           int64_t tile_head_dim, int block_m, int block_n, Dq dq, int grid_columns, int sm_count,
                            size_t span_bytes) {
     auto round = [](int64_t x, int64_t a) { return (x + a - 1) / a * a; };
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
@@ -62,7 +77,10 @@ struct BwdWorkspace {
     w.dq = dq;
     int64_t const key_tiles = (seqlen_k + block_n - 1) / block_n;
     int64_t const columns = grid_columns > 0 ? grid_columns : 1;
-    w.dq_slots = dq == Dq::kSlots ? choose_dq_slots(key_tiles, columns, sm_count > 0 ? sm_count : 1) : 1;
+    int64_t const query_tiles = (seqlen_q + block_m - 1) / block_m;
+    w.dq_slots = dq == Dq::kSlots   ? choose_dq_slots(key_tiles, columns, sm_count > 0 ? sm_count : 1)
+                 : dq == Dq::kTurns ? choose_dq_lanes(key_tiles, query_tiles)
+                                    : 1;
     w.dq_slot_elems = batch * nheads * w.seqlen_q_rounded * w.head_dim_rounded;
     size_t off = 0;
     w.seq_spans = off;
@@ -70,7 +88,8 @@ struct BwdWorkspace {
     w.dq_accum = off;
     off = align(off + sizeof(float) * w.dq_slots * w.dq_slot_elems);
     w.dq_turns = off;
-    off = align(off + (dq == Dq::kTurns ? sizeof(int) * batch * nheads * w.seqlen_q_rounded / kDqTurnRows : 0));
+    off = align(off + (dq == Dq::kTurns ? sizeof(int) * w.dq_slots * batch * nheads * w.seqlen_q_rounded / kDqTurnRows
+                                        : 0));
     w.dsoftmax_sum = off;
     off = align(off + sizeof(float) * batch * nheads * w.seqlen_q_rounded);
     w.lse_log2 = off;

@@ -15,6 +15,12 @@
 // (T::dq_frag_offset depends on the thread alone), so warp w waits only for warp w of the key tile before it. A
 // turn word holds 1 + the key tile that added last (0: none yet; the preprocess zeroes the words).
 //
+// Lanes (p.dq_slots of them, src/api/workspace.h): key tile n adds into dQ slot n % lanes and takes turns with the
+// key tiles of its lane alone, each lane with turn words of its own; the dQ conversion sums the slots in order.
+// A column's hand-overs at one query tile form a chain as long as its key tiles, so with many key tiles per query
+// tile (1k query rows against 16k keys) the chain, not the work, sets the time: 2.6-4.0x the default mode's with
+// one lane, 1.1-1.35x with eight (H100, bench/RESULTS.md, 2026-12-06 fourth session, run 1).
+//
 // Order. With the mask's right side bounded (causal, or a window), a key tile's first visible query tile grows
 // with the key tile, so every walk reaches a query tile after the walk of the key tile above it: the highest key
 // tile goes first, and no CTA waits in the steady state. Otherwise every walk starts at the first query tile and
@@ -36,15 +42,22 @@
 namespace flashcute {
 
 struct DqTurns {
-  // The turn word of this thread's warp for the query tile at row m0 of (batch, head) row block bh.
+  // The turn word of this thread's warp for key tile n's lane and the query tile at row m0 of (batch, head) row
+  // block bh.
+  CUTE_DEVICE static int64_t lane_words(BwdKernelParams const& p) {
+    return (int64_t)p.batch * p.nheads * p.seqlen_q_rounded / kDqTurnRows;
+  }
   template <int kBlockM, int kWarps>
-  CUTE_DEVICE static int* word(BwdKernelParams const& p, int64_t bh, int m0) {
+  CUTE_DEVICE static int* word(BwdKernelParams const& p, int64_t bh, int m0, int n) {
     static_assert(kWarps * kDqTurnRows <= kBlockM, "more turn words per query tile than the workspace holds");
-    return p.dq_turns + (bh * p.seqlen_q_rounded + m0) / kBlockM * kWarps + (int)threadIdx.x / 32;
+    return p.dq_turns + (n % p.dq_slots) * lane_words(p) + (bh * p.seqlen_q_rounded + m0) / kBlockM * kWarps +
+           (int)threadIdx.x / 32;
   }
 
-  // The key tile whose additions come just before key tile n's, if it sees the same query tile.
-  CUTE_DEVICE static int before(BwdKernelParams const& p, int n) { return p.dq_descending ? n + 1 : n - 1; }
+  // The key tile of n's lane whose additions come just before key tile n's, if it sees the same query tile.
+  CUTE_DEVICE static int before(BwdKernelParams const& p, int n) {
+    return p.dq_descending ? n + p.dq_slots : n - p.dq_slots;
+  }
 
   // The value the turn word of query tile m holds once key tile n may add: key tile n's predecessor in the order
   // has added where that key tile sees query tile m (blk: common/bwd_block.cuh), else no key tile has.
@@ -58,7 +71,7 @@ struct DqTurns {
   // pass() once this warp's additions are issued.
   template <int kBlockM, int kWarps, class Block>
   CUTE_DEVICE static int* await(BwdKernelParams const& p, Block const& blk, int64_t bh, int m, int n) {
-    int* const w = word<kBlockM, kWarps>(p, bh, m * kBlockM);
+    int* const w = word<kBlockM, kWarps>(p, bh, m * kBlockM, n);
     wait(w, awaited(p, blk, m, n));
     return w;
   }

@@ -108,7 +108,7 @@ CUTE_DEVICE void for_each_key_tile(BwdKernelParams const& p, KeyTile&& key_tile,
     float* const dq_slot = p.dq_accum + (slots ? blockIdx.x * p.dq_slot_elems : 0);
     int const first = p.dq_turns && p.dq_descending ? key_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
     for (int n = first; n < key_tiles; n += stride) {
-      key_tile(n, dq_slot);
+      key_tile(n, p.dq_turns ? p.dq_accum + (n % p.dq_slots) * p.dq_slot_elems : dq_slot);
       sync();  // the next key tile's loads overwrite shared memory the epilogue has just read
     }
   } else {

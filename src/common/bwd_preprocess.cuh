@@ -90,8 +90,11 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
     for (int slot = 0; slot < p.dq_slots; ++slot)
       zero_rows_f32(p.dq_accum + slot * p.dq_slot_elems + (bh * p.seqlen_q_rounded + row0) * p.head_dim_rounded,
                     p.head_dim_rounded, K::kRows, p.head_dim_rounded);
-    if (p.dq_turns && threadIdx.x < K::kRows / kDqTurnRows)
-      p.dq_turns[(bh * p.seqlen_q_rounded + row0) / kDqTurnRows + threadIdx.x] = 0;
+    if (p.dq_turns && threadIdx.x < K::kRows / kDqTurnRows) {
+      int64_t const lane_words = (int64_t)p.batch * p.nheads * p.seqlen_q_rounded / kDqTurnRows;
+      for (int lane = 0; lane < p.dq_slots; ++lane)
+        p.dq_turns[lane * lane_words + (bh * p.seqlen_q_rounded + row0) / kDqTurnRows + threadIdx.x] = 0;
+    }
   }
 
   // GQA without determinism: the query heads of a group add dK/dV into float32 accumulators.

@@ -136,7 +136,7 @@ struct BwdKernelParams : FwdKernelParams {
   float* dk_accum;      // GQA only: (batch, seqlen_k_rounded, nheads_kv, head_dim_rounded) float32
   float* dv_accum;      // GQA only
   int seqlen_q_rounded, seqlen_k_rounded, head_dim_rounded;
-  int dq_slots;           // 1, or in deterministic mode the CTAs per grid column (see src/api/workspace.h)
+  int dq_slots;           // 1; deterministic mode: CTAs per grid column, or lanes of turns (src/api/workspace.h)
   int64_t dq_slot_elems;  // float32 elements of one dq_accum slot
   bool deterministic;
   // Deterministic mode of a config that orders its dQ additions by turns (common/bwd_dq_order.cuh); null otherwise.

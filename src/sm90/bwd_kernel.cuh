@@ -388,7 +388,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
           *reinterpret_cast<float2*>(dst + T::dq_frag_offset(i, 0)) = make_float2(acc_dq(i), acc_dq(i + 1));
         if (tid == 0) {
           if constexpr (kTurns)
-            ws.msg = DqMessage{dq_tile, DqTurns::word<kBlockM, T::kWarps>(p, bh, m0),
+            ws.msg = DqMessage{dq_tile, DqTurns::word<kBlockM, T::kWarps>(p, bh, m0, n_block),
                                DqTurns::awaited(p, blk, m, n_block), n_block + 1};
           else
             ws.msg = DqMessage{dq_tile, nullptr, 0, 0};

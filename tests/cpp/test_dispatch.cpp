@@ -299,16 +299,28 @@ TEST(Workspace, DeterministicSlotsFillWholeWaves) {
       EXPECT_TRUE(s >= 1 && s <= tiles && s <= BwdWorkspace::kMaxDqSlots) << tiles << " tiles, " << columns;
     }
   using Dq = BwdWorkspace::Dq;
-  BwdWorkspace const plain = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, Dq::kShared, 16, 132, 0);
+  BwdWorkspace const plain = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 64, 128, Dq::kShared, 16, 132, 0);
   EXPECT_EQ(plain.dq_slots, 1);
-  BwdWorkspace const det = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, Dq::kSlots, 4, 132, 0);
+  BwdWorkspace const det = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 64, 128, Dq::kSlots, 4, 132, 0);
   EXPECT_EQ(det.dq_slots, 8);  // 8 key tiles, 4 columns
   EXPECT_GE(det.total - plain.total, size_t(7) * det.dq_slot_elems * sizeof(float));
   // Turns: one accumulator, and one int per kDqTurnRows query rows of every (batch, head).
-  BwdWorkspace const turns = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 128, Dq::kTurns, 4, 132, 0);
+  BwdWorkspace const turns = BwdWorkspace::make(2, 1000, 1000, 8, 2, 128, 64, 128, Dq::kTurns, 4, 132, 0);
   EXPECT_EQ(turns.dq_slots, 1);
   EXPECT_GE(turns.dsoftmax_sum - turns.dq_turns, size_t(2) * 8 * 1024 / kDqTurnRows * sizeof(int));
   EXPECT_EQ(plain.dsoftmax_sum, plain.dq_turns);
+  // Turns in lanes: one lane while the key tiles are no more than the query tiles, else their ratio, at most
+  // kMaxDqLanes; a dQ slot and a set of turn words per lane.
+  BwdWorkspace const lanes = BwdWorkspace::make(2, 1000, 4000, 8, 2, 128, 64, 128, Dq::kTurns, 4, 132, 0);
+  BwdWorkspace const many = BwdWorkspace::make(2, 1000, 64000, 8, 2, 128, 64, 128, Dq::kTurns, 4, 132, 0);
+  BwdWorkspace const some = BwdWorkspace::make(2, 1000, 2100, 8, 2, 128, 64, 128, Dq::kTurns, 4, 132, 0);
+  EXPECT_EQ(lanes.dq_slots, 2);  // 32 key tiles, 16 query tiles
+  EXPECT_EQ(many.dq_slots, BwdWorkspace::kMaxDqLanes);
+  EXPECT_EQ(some.dq_slots, 1);  // 17 key tiles
+  EXPECT_EQ(BwdWorkspace::choose_dq_lanes(40, 10), 4);
+  EXPECT_EQ(BwdWorkspace::choose_dq_lanes(5, 0), 1);
+  EXPECT_GE(lanes.dq_turns - lanes.dq_accum, size_t(2) * lanes.dq_slot_elems * sizeof(float));
+  EXPECT_GE(lanes.dsoftmax_sum - lanes.dq_turns, size_t(2) * 2 * 8 * 1024 / kDqTurnRows * sizeof(int));
 }
 
 // A build without sm_90a has no Hopper kernels: dispatch falls back to the best portable config it compiled, and
