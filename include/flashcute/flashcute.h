@@ -21,6 +21,10 @@
  * them, and seqused_k[b] / seqused_q[b] to [0, its rows], so no content of the offset arrays makes them access memory outside
  * the tensors. Consistent offsets are unchanged by this; varlen_status reports the others. Rows that belong to no
  * sequence (before cu[0], after cu[batch]) are not written. The host reference refuses inconsistent offsets.
+ * Without seqused_q / seqused_k, the Hopper kernels load a sequence's tiles by TMA and may read rows past its end
+ * (the next sequence's, or rows after cu[batch]); they cannot change its results unless they hold Inf or NaN, so
+ * rows after cu[batch] must be finite (zeros, stale data). With seqused_q or seqused_k the padding rows may hold
+ * anything: such calls load with per-row predicates.
  * Visibility (bottom-right aligned): key j is visible to query i iff
  *   j >= i + (Sk - Sq) - window_left  and  j <= i + (Sk - Sq) + window_right,
  * a side set to FLASHCUTE_WINDOW_UNBOUNDED (the default) meaning no bound there; causal sets window_right = 0.

@@ -169,6 +169,7 @@ flashcute_status_t prepare_varlen(flashcute_fwd_params const& p, void* workspace
                         (int)p.total_k, (int)p.seqlen_q, (int)p.seqlen_k};
   auto* spans = static_cast<SeqSpan*>(workspace);
   k.seq_spans = spans;
+  if (!p.seqused_q && !p.seqused_k) k.packed_rows_q = (int)p.total_q, k.packed_rows_k = (int)p.total_k;
   return launch_status(launch_varlen_prepare(v, spans, p.varlen_status, stream), "varlen_prepare", 0);
 }
 

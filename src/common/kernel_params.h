@@ -60,6 +60,13 @@ struct FwdKernelParams {
   // Varlen: where each sequence lives, clamped from the caller's offsets by the prepare pass
   // (src/api/varlen_prepare.cu); null for the fixed-length batch.
   SeqSpan const* seq_spans;
+  // Varlen without seqused_q / seqused_k: the packed tensors' rows (total_q, total_k), which bound the Hopper
+  // kernels' TMA copies; 0 otherwise. A tile copy then reads past the end of a sequence into the next one's rows
+  // (or rows after the last sequence), which the kernels treat as rows past a fixed-length sequence: keys masked,
+  // query rows with an lse of +inf (P = 0, dS = 0), outputs stored only for the sequence's rows; only Inf or NaN
+  // there would reach the results (0 * NaN), which the C API's contract rules out (include/flashcute/flashcute.h).
+  // Padding rows (seqused) may hold anything: those batches load with cp.async, zeros past the used rows.
+  int packed_rows_q, packed_rows_k;
 
   // Paged K/V (the fixed-length forward; null otherwise): key j of sequence b is row j % page_size of page
   // page_table[b * page_table_batch_stride + j / page_size], a page starting k_batch_stride (v_batch_stride)

@@ -78,7 +78,9 @@ template <class T>
 constexpr bool kDqWriterDefault = kDqWriter<T> && T::kBlockN == 64;
 
 // TMA (thread 0): Q and dO of query tile m of head h, batch b, into `stage`, with the rows' lse_log2 and D by bulk
-// copies; the stage's mbarrier completes once all have landed.
+// copies; the stage's mbarrier completes once all have landed. A varlen sequence's first packed row is read here
+// from the table rather than kept in a register across the walk (which moved ptxas's allocation of the hd128
+// kernel).
 template <class T>
 __device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, typename T::SharedStorage& smem,
                                                 int stage, int b, int h, int m) {
@@ -88,15 +90,18 @@ __device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, t
   cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full, T::kStageTmaBytes);
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQs{});      // (kBlockM, D, stage)
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});  // (kBlockM, Dv, stage)
-  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch));
-  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim_v, p.nheads, p.batch));
+  int const q_row0 = p.seq_spans ? p.seq_spans[b].q_row0 : 0;
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim, p.nheads, tma_batches(p)));
+  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim_v, p.nheads, tma_batches(p)));
   auto tma_q = params.tma_q.get_slice(_0{});
   auto tma_do = params.tma_do.get_slice(_0{});
   copy(params.tma_q.with(full),
-       tma_q.partition_S(local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<T::kHeadDim>>{}, make_coord(m, 0))),
+       tma_q.partition_S(local_tile(tma_sequence(p, mQ, h, b, q_row0), Shape<Int<kBlockM>, Int<T::kHeadDim>>{},
+                                    make_coord(m, 0))),
        tma_q.partition_D(sQ(_, _, stage)));
   copy(params.tma_do.with(full),
-       tma_do.partition_S(local_tile(mdO(_, _, h, b), Shape<Int<kBlockM>, Int<T::kHeadDimV>>{}, make_coord(m, 0))),
+       tma_do.partition_S(local_tile(tma_sequence(p, mdO, h, b, q_row0), Shape<Int<kBlockM>, Int<T::kHeadDimV>>{},
+                                     make_coord(m, 0))),
        tma_do.partition_D(sdO(_, _, stage)));
   int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM;  // 256-byte aligned
   float* const rows = smem.rows + stage * 2 * kBlockM;
@@ -195,15 +200,18 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     if constexpr (kTma) {
       if (tid == 0) {
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.key_tile_full, T::kKeyTileTmaBytes);
-        Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
-        Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));
+        Tensor mK = params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.nheads_kv, tma_batches(p)));
+        Tensor mV =
+            params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.nheads_kv, tma_batches(p)));
         auto tma_k = params.tma_k.get_slice(_0{});
         auto tma_v = params.tma_v.get_slice(_0{});
         copy(params.tma_k.with(smem.key_tile_full),
-             tma_k.partition_S(local_tile(mK(_, _, blk.h_kv, b), tile_kv, make_coord(n_block, 0))),
+             tma_k.partition_S(
+                 local_tile(tma_sequence(p, mK, blk.h_kv, b, seq.k_row0), tile_kv, make_coord(n_block, 0))),
              tma_k.partition_D(sK));
         copy(params.tma_v.with(smem.key_tile_full),
-             tma_v.partition_S(local_tile(mV(_, _, blk.h_kv, b), tile_v, make_coord(n_block, 0))),
+             tma_v.partition_S(
+                 local_tile(tma_sequence(p, mV, blk.h_kv, b, seq.k_row0), tile_v, make_coord(n_block, 0))),
              tma_v.partition_D(sV));
       }
     } else {

@@ -10,12 +10,13 @@
 
 namespace flashcute::sm90 {
 
-// Whether TMA serves Q, dO, K and V: fixed-length batches (varlen ones, whose rows past a sequence belong to the
-// next one rather than arriving as zeros, use cp.async) with strides tma_strides_ok accepts.
+// Whether TMA serves Q, dO, K and V, with strides tma_strides_ok accepts: fixed-length batches, and varlen ones
+// without padded rows (packed_rows_q / packed_rows_k: each tensor as one sequence of its packed rows).
 inline bool bwd_tma_serves(BwdKernelParams const& p) {
-  if (p.seq_spans || p.seqlen_q <= 0 || p.seqlen_k <= 0) return false;
-  int64_t const q_sizes[3] = {p.batch, p.seqlen_q, p.nheads};
-  int64_t const k_sizes[3] = {p.batch, p.seqlen_k, p.nheads_kv};
+  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || (p.seq_spans && !(p.packed_rows_q > 0 && p.packed_rows_k > 0)))
+    return false;
+  int64_t const q_sizes[3] = {tma_batches(p), tma_rows_q(p), p.nheads};
+  int64_t const k_sizes[3] = {tma_batches(p), tma_rows_k(p), p.nheads_kv};
   return tma_strides_ok(q_sizes, {p.q_batch_stride, p.q_row_stride, p.q_head_stride}) &&
          tma_strides_ok(q_sizes, {p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride}) &&
          tma_strides_ok(k_sizes, {p.k_batch_stride, p.k_row_stride, p.k_head_stride}) &&
@@ -28,15 +29,16 @@ bool make_bwd_tma(BwdParams<T>& params) {
   using Element = typename T::Element;
   BwdKernelParams const& p = params.p;
   TmaEncodeCheck encoded;
+  int const rows_q = tma_rows_q(p), rows_k = tma_rows_k(p), batches = tma_batches(p);
   params.tma_q = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutQs{})), T::kBlockM, T::kHeadDim>(
-      p.q, p.seqlen_q, p.head_dim, p.nheads, p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+      p.q, rows_q, p.head_dim, p.nheads, batches, p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   params.tma_do = make_rows_tma<Element, decltype(take<0, 2>(typename T::SmemLayoutdOs{})), T::kBlockM,
-                                T::kHeadDimV>(p.dout, p.seqlen_q, p.head_dim_v, p.nheads, p.batch, p.dout_row_stride,
+                                T::kHeadDimV>(p.dout, rows_q, p.head_dim_v, p.nheads, batches, p.dout_row_stride,
                                               p.dout_head_stride, p.dout_batch_stride);
   params.tma_k = make_rows_tma<Element, typename T::SmemLayoutKV, T::kBlockN, T::kHeadDim>(
-      p.k, p.seqlen_k, p.head_dim, p.nheads_kv, p.batch, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+      p.k, rows_k, p.head_dim, p.nheads_kv, batches, p.k_row_stride, p.k_head_stride, p.k_batch_stride);
   params.tma_v = make_rows_tma<Element, typename T::SmemLayoutV, T::kBlockN, T::kHeadDimV>(
-      p.v, p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+      p.v, rows_k, p.head_dim_v, p.nheads_kv, batches, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
   return encoded.ok();
 }
 

@@ -32,9 +32,9 @@ enum FwdBarrier : int {
 };
 
 // What the kernel takes: the family-neutral params and the TMA copies of K and V, which run_fwd builds on the host
-// (src/sm90/fwd_launch.cuh) where use_tma says they serve: fixed-length batches, and paged K/V whose pages hold
-// whole key tiles (tma_k, tma_v) or tile them in copies of kPageRows rows (tma_k_rows, tma_v_rows). Varlen batches
-// and other pages load with cp.async.
+// (src/sm90/fwd_launch.cuh) where use_tma says they serve: fixed-length batches, varlen ones without padded rows,
+// and paged K/V whose pages hold whole key tiles (tma_k, tma_v) or tile them in copies of kPageRows rows
+// (tma_k_rows, tma_v_rows). Other varlen batches and pages load with cp.async.
 template <class T>
 struct FwdParams {
   FwdKernelParams p;
@@ -170,10 +170,12 @@ CUTE_DEVICE void fwd_load(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kB
   }
   if (params.use_tma) {
     if (ptid != 0) return;
-    Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_kv, p.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.nheads_kv, p.batch));
-    Tensor gK = local_tile(mK(_, _, blk.h_kv, blk.b), tile_kv, make_coord(_, 0));  // (kBlockN, D, n)
-    Tensor gV = local_tile(mV(_, _, blk.h_kv, blk.b), tile_v, make_coord(_, 0));    // (kBlockN, Dv, n)
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim, p.nheads_kv, tma_batches(p)));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(tma_rows_k(p), p.head_dim_v, p.nheads_kv, tma_batches(p)));
+    Tensor gK = local_tile(tma_sequence(p, mK, blk.h_kv, blk.b, blk.seq.k_row0), tile_kv,
+                           make_coord(_, 0));  // (kBlockN, D, n)
+    Tensor gV = local_tile(tma_sequence(p, mV, blk.h_kv, blk.b, blk.seq.k_row0), tile_v,
+                           make_coord(_, 0));  // (kBlockN, Dv, n)
     auto tma_k = params.tma_k.get_slice(_0{});
     auto tma_v = params.tma_v.get_slice(_0{});
     Tensor tKgK = group_modes<0, 3>(tma_k.partition_S(gK));  // (TMA, n)

@@ -16,18 +16,19 @@
 
 namespace flashcute::sm90 {
 
-// Whether TMA serves K and V: fixed-length batches and paged caches, with strides tma_strides_ok accepts (varlen
-// batches, whose rows past a sequence belong to the next one rather than arriving as zeros, use cp.async). Paged
-// K/V by the (pages, page rows, heads) dimensions, and either key tiles that never straddle two pages (page_size a
-// multiple of block_n, or one page holding every key) or pages that tile a key tile in copies of page_rows rows.
+// Whether TMA serves K and V, with strides tma_strides_ok accepts: fixed-length batches, varlen ones without
+// padded rows (packed_rows_k: K and V as one sequence of total_k rows) and paged caches. Paged K/V by the (pages,
+// page rows, heads) dimensions, and either key tiles that never straddle two pages (page_size a multiple of
+// block_n, or one page holding every key) or pages that tile a key tile in copies of page_rows rows.
 inline bool tma_serves(FwdKernelParams const& p, int block_n, int page_rows) {
   bool const paged = p.page_table != nullptr;
+  if (p.seq_spans && (paged || p.packed_rows_k <= 0)) return false;
   if (paged) {
     bool const tile_in_page = p.page_size >= block_n && (p.page_size % block_n == 0 || p.page_size >= p.seqlen_k);
     bool const pages_in_tile = p.page_size < block_n && block_n % p.page_size == 0 && p.page_size % page_rows == 0;
     if (!tile_in_page && !pages_in_tile) return false;
   }
-  int64_t const sizes[3] = {paged ? p.num_pages : p.batch, paged ? p.page_size : p.seqlen_k, p.nheads_kv};
+  int64_t const sizes[3] = {tma_batches(p), tma_rows_k(p), p.nheads_kv};
   return tma_strides_ok(sizes, {p.k_batch_stride, p.k_row_stride, p.k_head_stride}) &&
          tma_strides_ok(sizes, {p.v_batch_stride, p.v_row_stride, p.v_head_stride});
 }
@@ -59,11 +60,11 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};
   params.p = p;
-  params.use_tma = !p.seq_spans && p.seqlen_k > 0 && tma_serves(p, T::kBlockN, T::kPageRows);
-  if (params.use_tma) {  // K and V as (rows, head_dim, heads, batch), or (page rows, head_dim, heads, pages)
+  params.use_tma = p.seqlen_k > 0 && tma_serves(p, T::kBlockN, T::kPageRows);
+  if (params.use_tma) {  // K and V as (rows, head_dim, heads, batches), or (page rows, head_dim, heads, pages)
     TmaEncodeCheck encoded;
-    int const rows = p.page_table ? p.page_size : p.seqlen_k;
-    int const outer = p.page_table ? p.num_pages : p.batch;
+    int const rows = tma_rows_k(p);
+    int const outer = tma_batches(p);
     if (p.page_table && p.page_size < T::kBlockN) {  // pages shorter than a key tile: kPageRows rows a copy
       params.tma_k_rows = make_rows_tma<Element, typename T::SmemLayoutKVRows, T::kPageRows, T::kHeadDim>(
           p.k, rows, p.head_dim, p.nheads_kv, outer, p.k_row_stride, p.k_head_stride, p.k_batch_stride);

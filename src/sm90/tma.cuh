@@ -35,6 +35,29 @@ auto make_rows_tma(void const* ptr, int rows, int cols, int heads, int batch, in
 template <class Element, class SmemLayout, int kRows, int kCols>
 using RowsTma = decltype(make_rows_tma<Element, SmemLayout, kRows, kCols>(nullptr, 0, 0, 0, 0, 0, 0, 0));
 
+// The rows and batches of the TMA view of K and V: (seqlen_k, batch), a varlen batch's packed rows as one batch
+// (total_k, 1), or a paged cache's (page_size, num_pages); of Q and dO (the backward): (seqlen_q, batch) or
+// (total_q, 1).
+template <class P>
+CUTE_HOST_DEVICE int tma_rows_k(P const& p) {
+  return p.page_table ? p.page_size : p.seq_spans ? p.packed_rows_k : p.seqlen_k;
+}
+template <class P>
+CUTE_HOST_DEVICE int tma_rows_q(P const& p) {
+  return p.seq_spans ? p.packed_rows_q : p.seqlen_q;
+}
+template <class P>
+CUTE_HOST_DEVICE int tma_batches(P const& p) {
+  return p.page_table ? p.num_pages : p.seq_spans ? 1 : p.batch;
+}
+
+// Head h of sequence b in a TMA coordinate tensor (rows, columns, heads, batches) as a (rows, columns) tensor whose
+// row 0 is the sequence's first: batch b, or for varlen the packed rows from row0 on.
+template <class P, class TmaTensor>
+CUTE_DEVICE auto tma_sequence(P const& p, TmaTensor const& t, int h, int b, int64_t row0) {
+  return domain_offset(make_coord(static_cast<int>(row0), _0{}), t(_, _, h, p.seq_spans ? 0 : b));
+}
+
 // Whether TMA can address a tensor with these (outer, rows, heads) sizes and strides in 16-bit elements: every
 // stride below 2^40 bytes, and none 0 on a dimension of more than one element (an expanded view: the API lets
 // inputs repeat along batch, heads or rows).

@@ -166,3 +166,30 @@ def test_seqused_q_is_each_sequence_shortened(device):
     torch.testing.assert_close(lse[:, keep], ref_lse, **tol)
     for a, b_ in zip((grads[0][keep], grads[1], grads[2]), ref_grads):
         torch.testing.assert_close(a.float(), b_.float(), **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", (64, 128, 256))
+@pytest.mark.parametrize("causal", (False, True), ids=["full", "causal"])
+def test_rows_no_sequence_owns_change_nothing(head_dim, causal):
+    # Packed tensors longer than their sequences (a static buffer holding stale values, say): the Hopper kernels
+    # load varlen tiles by TMA and read past a sequence's end, into the next sequence's rows and past the last one.
+    # Those rows must not reach the results: out, lse and the deterministic gradients equal, bit for bit, those of
+    # the same call on tensors without the tail.
+    lens_q, lens_k, h, hkv, tail = [300, 1, 700, 129], [500, 200, 700, 130], 4, 2, 45
+    g = torch.Generator().manual_seed(head_dim)
+    tq, tk = sum(lens_q), sum(lens_k)
+    clean = [torch.randn(s, generator=g).to("cuda", torch.bfloat16)
+             for s in ((tq, h, head_dim), (tk, hkv, head_dim), (tk, hkv, head_dim))]
+    padded = [torch.cat([x, 1e4 * torch.randn((tail, *x.shape[1:]), generator=g).to(x)]) for x in clean]
+    cu_q, cu_k = offsets(lens_q, "cuda"), offsets(lens_k, "cuda")
+
+    def run(q, k, v):
+        q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+        out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                                          causal=causal, deterministic=True)
+        grads = torch.autograd.grad(loss_of(out[:tq], lse[:, :tq]), (q, k, v))
+        return out[:tq], lse[:, :tq], grads[0][:tq], grads[1][:tk], grads[2][:tk]
+
+    for a, b, what in zip(run(*padded), run(*clean), ("out", "lse", "dq", "dk", "dv")):
+        assert torch.equal(a, b), what
