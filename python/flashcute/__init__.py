@@ -67,7 +67,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
     _compat.check_hints(num_splits, pack_gqa, qv=qv, gather_kv_indices=gather_kv_indices)
     args = _arguments(q, softmax_scale, causal, window_size, softcap, deterministic)
     if out is None and lse is None:
-        return _compat.with_lse_grad(_ops.fwd(q, k, v, *args, learnable_sink), return_lse)
+        return _compat.with_lse_grad(_ops.call(_ops.fwd, q, k, v, *args, learnable_sink), return_lse)
     _no_autograd("flash_attn_func(out=, lse=)", (q, k, v))
     _ops._check_inputs(q, k, v)
     if out is None:
@@ -162,8 +162,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softma
                   for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k))]
         seqs = (cu_q, cu_k, seqused_k, seqused_q)
         if out is None and lse is None:
-            return _ops.varlen_fwd(q, k, v, *seqs, *maxima, scale, causal, left, right, softcap, deterministic,
-                                   learnable_sink)
+            return _ops.call(_ops.varlen_fwd, q, k, v, *seqs, *maxima, scale, causal, left, right, softcap,
+                             deterministic, learnable_sink)
         _ops._check_varlen(q, k, v, *seqs, *maxima)
         if out is None:
             out = q.new_empty((*q.shape[:2], v.shape[2]))

@@ -57,11 +57,11 @@ def attention(q, k_pages, v_pages, page_table, used, args, learnable_sink, num_s
     batch, seqlen_q, nheads, d = q.shape
     heads_kv = k_pages.shape[2]
     if not pack:
-        return ops.paged_fwd(q, k_pages, v_pages, page_table, used, *args, learnable_sink, num_splits)
+        return ops.call(ops.paged_fwd, q, k_pages, v_pages, page_table, used, *args, learnable_sink, num_splits)
     group = nheads // heads_kv
     rows = seqlen_q * group
     packed = q.reshape(batch, seqlen_q, heads_kv, group, d).transpose(2, 3).reshape(batch, rows, heads_kv, d)
-    out, lse = ops.paged_fwd(packed, k_pages, v_pages, page_table, used, *args, None, num_splits, group)
+    out, lse = ops.call(ops.paged_fwd, packed, k_pages, v_pages, page_table, used, *args, None, num_splits, group)
     dv = out.shape[-1]
     # Unpack rows (i, j) back to query row i of head hk * group + j (a view where seqlen_q is 1: ops._paged_out).
     out = out.reshape(batch, seqlen_q, group, heads_kv, dv).transpose(2, 3).reshape(batch, seqlen_q, nheads, dv)

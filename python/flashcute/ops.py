@@ -24,6 +24,45 @@ _F32_TINY = 2.0 ** -150  # half the smallest float32 subnormal: this and anythin
 
 WINDOW_UNBOUNDED = _capi.WINDOW_UNBOUNDED
 
+# The non-mutating ops' Python implementations (_custom_op), for call().
+_DIRECT = {}
+
+
+def _custom_op(name, schema):
+    """torch.library.custom_op for an op that mutates nothing, keeping its Python implementation for call()."""
+    def make(fn):
+        op = torch.library.custom_op(name, mutates_args=(), schema=schema)(fn)
+        _DIRECT[op] = fn
+        return op
+    return make
+
+
+def _plain_eager(args):
+    """Whether calling an op's implementation directly is the same computation as dispatching the op: eager mode
+    (nothing tracing or compiling, no dispatch or function mode, no functorch transform), every tensor argument a
+    plain CUDA tensor, and nothing autograd would have to record."""
+    if torch.compiler.is_compiling():  # first: Dynamo cannot trace the probes below
+        return False
+    c = torch._C
+    probes = (getattr(c, "_len_torch_dispatch_stack", None), getattr(c, "_is_torch_function_mode_enabled", None))
+    if None in probes or probes[0]() or probes[1]():
+        return False
+    functorch = getattr(getattr(c, "_functorch", None), "peek_interpreter_stack", None)
+    if functorch is None or functorch() is not None:
+        return False
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, Tensor) and (type(a) is not Tensor or a.device.type != "cuda" or (grad and a.requires_grad)):
+            return False
+    return True
+
+
+def call(op, *args):
+    """op(*args): where nothing but the computation would see the difference (_plain_eager), its implementation is
+    called directly, without the dispatcher's layers, which cost about 50 us of host time per call (more than a
+    small problem's GPU time: bench/RESULTS.md, 2026-12-06 fourth session, run 5)."""
+    return _DIRECT[op](*args) if _plain_eager(args) else op(*args)
+
 
 def window_side(side, name="window_size"):
     """None means unbounded; an integer is an offset from the diagonal, negative ones too (FlashAttention-4's
@@ -322,7 +361,7 @@ _BWD_SCHEMA = ("(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor
                "Tensor? learnable_sink=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)")
 
 
-@torch.library.custom_op("flashcute::fwd", mutates_args=(), schema=_FWD_SCHEMA)
+@_custom_op("flashcute::fwd", _FWD_SCHEMA)
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int,
         softcap: float, deterministic: bool = False, learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     # deterministic only matters to the backward; it rides along so that setup_context can keep it.
@@ -390,7 +429,7 @@ def _paged_out(q, head_dim_v, packed_gqa):
     return q.new_empty((batch, rows, nheads, head_dim_v))
 
 
-@torch.library.custom_op("flashcute::paged_fwd", mutates_args=(), schema=_PAGED_FWD_SCHEMA)
+@_custom_op("flashcute::paged_fwd", _PAGED_FWD_SCHEMA)
 def paged_fwd(q: Tensor, k_pages: Tensor, v_pages: Tensor, page_table: Tensor, seqused_k: Optional[Tensor],
               softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
               learnable_sink: Optional[Tensor] = None, num_splits: int = 0,
@@ -427,7 +466,7 @@ def _(q, k_pages, v_pages, page_table, seqused_k, softmax_scale, causal, window_
     return out, q.new_empty((batch, nheads, seqlen_q), dtype=_lse_dtype(q.dtype))
 
 
-@torch.library.custom_op("flashcute::bwd", mutates_args=(), schema=_BWD_SCHEMA)
+@_custom_op("flashcute::bwd", _BWD_SCHEMA)
 def bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
         deterministic: bool, learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -477,7 +516,7 @@ def _register_autograd(forward_op, backward_op, num_seq_tensors):
             dout = torch.zeros_like(out)
         *args, deterministic = ctx.args
         deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
-        dq, dk, dv, dsink = backward_op(dout, dlse, q, k, v, out, lse, *seq, *args, deterministic, sink)
+        dq, dk, dv, dsink = call(backward_op, dout, dlse, q, k, v, out, lse, *seq, *args, deterministic, sink)
         return (dq, dk, dv) + no_grads + (None if sink is None else dsink,)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
@@ -571,7 +610,7 @@ _VARLEN_BWD_SCHEMA = (f"(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v
                       "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)")
 
 
-@torch.library.custom_op("flashcute::varlen_fwd", mutates_args=(), schema=_VARLEN_FWD_SCHEMA)
+@_custom_op("flashcute::varlen_fwd", _VARLEN_FWD_SCHEMA)
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                seqused_k: Optional[Tensor], seqused_q: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                softmax_scale: float, causal: bool,
@@ -615,7 +654,7 @@ def _check_varlen_bwd(dout, dlse, q, k, v, out, lse, *varlen):
     _check_grad_inputs(q, out, dout, lse, dlse, out_shape, lse_shape)
 
 
-@torch.library.custom_op("flashcute::varlen_bwd", mutates_args=(), schema=_VARLEN_BWD_SCHEMA)
+@_custom_op("flashcute::varlen_bwd", _VARLEN_BWD_SCHEMA)
 def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], seqused_q: Optional[Tensor],
                max_seqlen_q: int,

@@ -236,3 +236,46 @@ def test_gpu_strided_deterministic_and_masked_rows():
     out, lse, *dqkv = grads(flash_attn_func, q, k, v, smoke_loss, causal=True)
     assert (out[:, :24] == 0).all() and (lse[:, :, :24] == float("-inf")).all()
     assert all(g.isfinite().all() for g in dqkv)
+
+
+@pytest.mark.gpu
+def test_direct_calls_give_the_ops_bits():
+    # Where nothing but the computation would see it (eager, plain CUDA tensors, no autograd to record, no mode),
+    # the functions call the ops' implementations without the dispatcher (flashcute.ops.call): the same bits as
+    # the dispatched ops, forward and deterministic backward, fixed length and varlen.
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from flashcute import flash_attn_varlen_func, ops
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 300, 4, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    assert ops._plain_eager((q, k, v))
+    with Passthrough():
+        assert not ops._plain_eager((q, k, v))
+    assert not ops._plain_eager((q.requires_grad_(), k, v))
+    q.requires_grad_(False)
+    scale = 64 ** -0.5
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, causal=True)
+    ref = torch.ops.flashcute.fwd(q, k, v, scale, True, ops.WINDOW_UNBOUNDED, 0, 0.0)
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_func(*leaves, causal=True, deterministic=True)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    grads = torch.autograd.grad((out, lse), leaves, (dout, dlse))
+    ref = torch.ops.flashcute.bwd(dout, dlse, q, k, v, out.detach(), lse.detach(), scale, True,
+                                  ops.WINDOW_UNBOUNDED, 0, 0.0, True)
+    for a, b in zip(grads, ref[:3]):
+        assert torch.equal(a, b)
+
+    cu = torch.tensor([0, 100, 300, 600], dtype=torch.int32, device="cuda")
+    qv, kv, vv = (t.reshape(600, 4, 64) for t in (q, k, v))
+    with torch.no_grad():
+        out, lse = flash_attn_varlen_func(qv, kv, vv, cu, cu, max_seqlen_q=300, max_seqlen_k=300, causal=True)
+    ref = torch.ops.flashcute.varlen_fwd(qv, kv, vv, cu, cu, None, None, 300, 300, scale, True,
+                                         ops.WINDOW_UNBOUNDED, 0, 0.0)
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
