@@ -1,6 +1,6 @@
 """A few backward calls covering every head dim and the backward's features (causal, window, softcap, GQA, varlen
-with empty sequences, sinks, Sq != Sk, the deterministic mode, a loss on lse), small enough to run under
-compute-sanitizer:
+with empty sequences and rows past the last one, sinks, Sq != Sk, the deterministic mode, a loss on lse), small
+enough to run under compute-sanitizer:
 
   compute-sanitizer --tool racecheck python3 scripts/sanitize_bwd.py [head dims, default 64,96,128,192,256]
 
@@ -36,6 +36,10 @@ def main():
         qv, kv, vv = leaf(300, 4, hd), leaf(200, 2, hd), leaf(200, 2, dv)
         backward(*flashcute.flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, causal=True, max_seqlen_q=230,
                                                    max_seqlen_k=182, learnable_sink=torch.randn(4, device=dev)))
+        # Rows past the last sequence (the Hopper kernels' TMA copies read into them), deterministic turns.
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=dev) for c in ([0, 130, 250], [0, 64, 170]))
+        backward(*flashcute.flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, max_seqlen_q=130, max_seqlen_k=106,
+                                                   deterministic=True))
     torch.cuda.synchronize()
     print("sanitize_bwd: done")
 
