@@ -24,8 +24,10 @@ _F32_TINY = 2.0 ** -150  # half the smallest float32 subnormal: this and anythin
 
 WINDOW_UNBOUNDED = _capi.WINDOW_UNBOUNDED
 
-# The non-mutating ops' Python implementations (_custom_op), for call().
+# The non-mutating ops' Python implementations (_custom_op), and the forward ops' autograd around them
+# (_register_autograd), for call().
 _DIRECT = {}
+_WITH_AUTOGRAD = {}
 
 
 def _custom_op(name, schema):
@@ -38,30 +40,37 @@ def _custom_op(name, schema):
 
 
 def _plain_eager(args):
-    """Whether calling an op's implementation directly is the same computation as dispatching the op: eager mode
-    (nothing tracing or compiling, no dispatch or function mode, no functorch transform), every tensor argument a
-    plain CUDA tensor, and nothing autograd would have to record."""
+    """None where an op must be dispatched; else whether autograd must record the call (False: calling the op's
+    implementation directly is the same computation). Direct calls need eager mode (nothing tracing or compiling,
+    no dispatch or function mode, no functorch transform) and every tensor argument a plain CUDA tensor."""
     if torch.compiler.is_compiling():  # first: Dynamo cannot trace the probes below
-        return False
+        return None
     c = torch._C
     probes = (getattr(c, "_len_torch_dispatch_stack", None), getattr(c, "_is_torch_function_mode_enabled", None))
     if None in probes or probes[0]() or probes[1]():
-        return False
+        return None
     functorch = getattr(getattr(c, "_functorch", None), "peek_interpreter_stack", None)
     if functorch is None or functorch() is not None:
-        return False
-    grad = torch.is_grad_enabled()
+        return None
+    record = False
     for a in args:
-        if isinstance(a, Tensor) and (type(a) is not Tensor or a.device.type != "cuda" or (grad and a.requires_grad)):
-            return False
-    return True
+        if isinstance(a, Tensor):
+            if type(a) is not Tensor or a.device.type != "cuda":
+                return None
+            record = record or a.requires_grad
+    return record and torch.is_grad_enabled()
 
 
 def call(op, *args):
     """op(*args): where nothing but the computation would see the difference (_plain_eager), its implementation is
-    called directly, without the dispatcher's layers, which cost about 50 us of host time per call (more than a
-    small problem's GPU time: bench/RESULTS.md, 2026-12-06 fourth session, run 5)."""
-    return _DIRECT[op](*args) if _plain_eager(args) else op(*args)
+    called directly, inside a torch.autograd.Function where autograd records the call (the op's own autograd, same
+    saved tensors and backward), without the dispatcher's layers and torch.library's autograd wrapper. On the H100
+    machine of bench/RESULTS.md (2026-12-06 fourth session, runs 6-8) that saved about 20 us of host time per call
+    without autograd, and more with it (the wrapper refills the schema's defaults, quadratic in its arguments)."""
+    record = _plain_eager(args)
+    if record is None or (record and op not in _WITH_AUTOGRAD):
+        return op(*args)
+    return _WITH_AUTOGRAD[op].apply(*args) if record else _DIRECT[op](*args)
 
 
 def window_side(side, name="window_size"):
@@ -520,6 +529,19 @@ def _register_autograd(forward_op, backward_op, num_seq_tensors):
         return (dq, dk, dv) + no_grads + (None if sink is None else dsink,)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
+
+    class Direct(torch.autograd.Function):  # the same autograd around direct calls of the implementation (call())
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = _DIRECT[forward_op](*inputs)
+            setup_context(ctx, inputs, output)
+            return output
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            return backward(ctx, dout, dlse)
+
+    _WITH_AUTOGRAD[forward_op] = Direct
 
 
 _register_autograd(fwd, bwd, 0)

@@ -265,6 +265,7 @@ def test_direct_calls_give_the_ops_bits():
 
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out, lse = flash_attn_func(*leaves, causal=True, deterministic=True)
+    assert type(out.grad_fn).__name__.startswith("Direct")  # the autograd.Function around the direct call
     dout, dlse = torch.randn_like(out), torch.randn_like(lse)
     grads = torch.autograd.grad((out, lse), leaves, (dout, dlse))
     ref = torch.ops.flashcute.bwd(dout, dlse, q, k, v, out.detach(), lse.detach(), scale, True,
@@ -279,3 +280,14 @@ def test_direct_calls_give_the_ops_bits():
     ref = torch.ops.flashcute.varlen_fwd(qv, kv, vv, cu, cu, None, None, 300, 300, scale, True,
                                          ops.WINDOW_UNBOUNDED, 0, 0.0)
     assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    # With autograd: the direct call's autograd.Function and the op's registered autograd, the same gradients.
+    grads = []
+    for fn in (lambda *t: flash_attn_varlen_func(*t, cu, cu, max_seqlen_q=300, max_seqlen_k=300, causal=True,
+                                                 deterministic=True),
+               lambda *t: torch.ops.flashcute.varlen_fwd(*t, cu, cu, None, None, 300, 300, scale, True,
+                                                         ops.WINDOW_UNBOUNDED, 0, 0.0, True)):
+        leaves = [t.clone().requires_grad_() for t in (qv, kv, vv)]
+        out, lse = fn(*leaves)
+        grads.append(torch.autograd.grad((out, lse), leaves, (torch.ones_like(out), torch.ones_like(lse))))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
