@@ -252,10 +252,10 @@ def test_direct_calls_give_the_ops_bits():
 
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 300, 4, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
-    assert ops._plain_eager((q, k, v))
+    assert ops._plain_eager((q, k, v)) is False  # direct, nothing to record
     with Passthrough():
-        assert not ops._plain_eager((q, k, v))
-    assert not ops._plain_eager((q.requires_grad_(), k, v))
+        assert ops._plain_eager((q, k, v)) is None  # dispatched
+    assert ops._plain_eager((q.requires_grad_(), k, v)) is True  # direct, autograd records it
     q.requires_grad_(False)
     scale = 64 ** -0.5
     with torch.no_grad():
