@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "common/bwd_dq_order.cuh"  // DqTurns::lane_words
 #include "common/kernel_params.h"
 
 namespace flashcute {
@@ -91,9 +92,8 @@ __global__ void __launch_bounds__(BwdRowKernel::kThreads)
       zero_rows_f32(p.dq_accum + slot * p.dq_slot_elems + (bh * p.seqlen_q_rounded + row0) * p.head_dim_rounded,
                     p.head_dim_rounded, K::kRows, p.head_dim_rounded);
     if (p.dq_turns && threadIdx.x < K::kRows / kDqTurnRows) {
-      int64_t const lane_words = (int64_t)p.batch * p.nheads * p.seqlen_q_rounded / kDqTurnRows;
       for (int lane = 0; lane < p.dq_slots; ++lane)
-        p.dq_turns[lane * lane_words + (bh * p.seqlen_q_rounded + row0) / kDqTurnRows + threadIdx.x] = 0;
+        p.dq_turns[lane * DqTurns::lane_words(p) + (bh * p.seqlen_q_rounded + row0) / kDqTurnRows + threadIdx.x] = 0;
     }
   }
 
