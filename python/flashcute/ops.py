@@ -653,8 +653,8 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
         run_forward(q, k, v, out, lse, args, (*seqs, max_q, max_k), sink=learnable_sink)
         return out, lse
     q64, k64, v64, sink64 = (_f64(t) for t in (q, k, v, learnable_sink))
-    out = torch.zeros((total_q, nheads, v.shape[2]), dtype=torch.float64)
-    lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float64)
+    out = torch.empty((total_q, nheads, v.shape[2]), dtype=torch.float64)  # the reference writes every row
+    lse = torch.empty((nheads, total_q), dtype=torch.float64)
     p = _varlen_fwd_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, *seqs, max_q, max_k)
     p.learnable_sink = _ptr(sink64)
     _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
@@ -700,7 +700,7 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
     q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
     lse64 = lse64.contiguous()
     dlse64 = None if dlse64 is None else dlse64.contiguous()
-    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
+    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float64) for t in (q, k, v))  # the reference writes every row
     fwd_p = _varlen_fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, args, *seqs, max_q, max_k)
     dsink = _reference_bwd(fwd_p, learnable_sink, q, dout64[None], dlse64, dq[None], dk[None], dv[None],
                            deterministic)
