@@ -4,6 +4,7 @@
 // is what makes it useful as an oracle.
 #include "reference/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -116,14 +117,20 @@ Mask mask_of(flashcute_fwd_params const& p, Sequence const& s) {
   return Mask::make(s.sq / packed_rows(p), s.sk, p.causal != 0, p.window_left, p.window_right);
 }
 
-// Zeroes the rows a sequence owns in one gradient tensor, so that keys past seqused_k, and queries that see
-// nothing, end with exactly 0 whatever the caller's memory held.
+// Zeroes rows [row0, row0 + rows) of one output, so that keys past seqused_k, queries that see nothing and (varlen)
+// rows no sequence owns end with exactly 0 whatever the caller's memory held.
 void zero_rows(View<double> const& t, Sequence const& s, int64_t row0, int rows, int64_t heads, int64_t dim) {
   for (int r = 0; r < rows; ++r)
     for (int64_t h = 0; h < heads; ++h) {
       double* x = t.row(s, row0, r, h);
       for (int64_t d = 0; d < dim; ++d) x[d] = 0.0;
     }
+}
+
+// Varlen: the packed rows of one side, total_q / total_k (which direct callers of the reference may leave unset:
+// then the rows the sequences cover).
+int varlen_rows(int64_t total, int32_t const* cu, int64_t batch) {
+  return static_cast<int>(std::max<int64_t>(total, cu[batch]));
 }
 
 }  // namespace
@@ -143,6 +150,14 @@ void forward(flashcute_fwd_params const& p) {
   int64_t const d = p.head_dim;
   int64_t const dv = p.head_dim_v;
 
+  // Varlen: rows no sequence owns (past cu_seqlens_q[batch], past a sequence's seqused_q) read out 0, lse -inf.
+  if (p.cu_seqlens_q != nullptr) {
+    int const rows = varlen_rows(p.total_q, p.cu_seqlens_q, p.batch);
+    zero_rows(out, Sequence{}, 0, rows, p.nheads, dv);
+    if (lse != nullptr)
+      for (int64_t h = 0; h < p.nheads; ++h)
+        for (int64_t i = 0; i < rows; ++i) lse[h * p.lse_head_stride + i] = kNegInf;
+  }
   std::vector<double> s;
   std::vector<int> keys;
   std::vector<double> o(static_cast<size_t>(dv));
@@ -210,7 +225,13 @@ void backward(flashcute_bwd_params const& bp) {
   int64_t const d = p.head_dim;
   int64_t const d_v = p.head_dim_v;
 
-  for (int64_t b = 0; b < p.batch; ++b) {
+  if (p.cu_seqlens_q != nullptr) {  // varlen: every row, those no sequence owns included, starts at 0
+    int const rows_k = varlen_rows(p.total_k, p.cu_seqlens_k, p.batch);
+    zero_rows(dq, Sequence{}, 0, varlen_rows(p.total_q, p.cu_seqlens_q, p.batch), p.nheads, d);
+    zero_rows(dk, Sequence{}, 0, rows_k, p.nheads_kv, d);
+    zero_rows(dv, Sequence{}, 0, rows_k, p.nheads_kv, d_v);
+  }
+  for (int64_t b = 0; b < p.batch && p.cu_seqlens_q == nullptr; ++b) {
     Sequence const seq = sequence(p, b);
     zero_rows(dq, seq, seq.q_row0, seq.sq, p.nheads, d);
     zero_rows(dk, seq, seq.k_row0, seq.sk_rows, p.nheads_kv, d);

@@ -20,7 +20,9 @@
  * b is clamped to rows [clamp(cu[b], 0, total), clamp(cu[b+1], start, total)), at most seqlen_q / seqlen_k of
  * them, and seqused_k[b] / seqused_q[b] to [0, its rows], so no content of the offset arrays makes them access memory outside
  * the tensors. Consistent offsets are unchanged by this; varlen_status reports the others. Rows that belong to no
- * sequence (before cu[0], after cu[batch]) are not written. The host reference refuses inconsistent offsets.
+ * sequence (before cu[0], after cu[batch], past a sequence's seqused_q) are written too, so outputs need no
+ * clearing: out 0 and lse -inf there, and in the backward dq 0 and, in key rows no sequence owns, dk and dv 0.
+ * The host reference does the same, and refuses inconsistent offsets.
  * Without seqused_q / seqused_k, the Hopper kernels load a sequence's tiles by TMA and may read rows past its end
  * (the next sequence's, or rows after cu[batch]); they cannot change its results unless they hold Inf or NaN, so
  * rows after cu[batch] must be finite (zeros, stale data). With seqused_q or seqused_k the padding rows may hold

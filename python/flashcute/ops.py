@@ -645,15 +645,16 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     args = (softmax_scale, causal, window_left, window_right, softcap)
     seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
     total_q, nheads, _ = q.shape
-    # Rows that belong to no sequence (past cu_seqlens_q[-1], or a sequence's seqused_q) are defined: out 0, lse -inf.
+    # Rows that belong to no sequence (past cu_seqlens_q[-1], or a sequence's seqused_q) are defined: out 0, lse -inf,
+    # which the library writes.
     if q.device.type == "cuda":
-        out = q.new_zeros((total_q, nheads, v.shape[2]))
-        lse = q.new_full((nheads, total_q), float("-inf"), dtype=torch.float32)
+        out = q.new_empty((total_q, nheads, v.shape[2]))
+        lse = q.new_empty((nheads, total_q), dtype=torch.float32)
         run_forward(q, k, v, out, lse, args, (*seqs, max_q, max_k), sink=learnable_sink)
         return out, lse
     q64, k64, v64, sink64 = (_f64(t) for t in (q, k, v, learnable_sink))
-    out = torch.zeros((total_q, nheads, v.shape[2]), dtype=torch.float64)
-    lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float64)
+    out = torch.empty((total_q, nheads, v.shape[2]), dtype=torch.float64)  # the reference writes every row
+    lse = torch.empty((nheads, total_q), dtype=torch.float64)
     p = _varlen_fwd_params(q64, k64, v64, out, lse, _capi.FLOAT64, args, *seqs, max_q, max_k)
     p.learnable_sink = _ptr(sink64)
     _capi.check(_capi.lib().flashcute_reference_fwd(ctypes.byref(p)))
@@ -689,9 +690,9 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
     max_q, max_k = _varlen_lengths(q, k, *varlen)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
-    # Rows that belong to no sequence get zero gradients.
+    # Rows that belong to no sequence get zero gradients (the library writes them).
     if q.device.type == "cuda":
-        dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+        dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
         dsink = _dsink_like(learnable_sink, q)
         run_backward(dout, dlse, q, k, v, out, lse, dq, dk, dv, args, deterministic, (*seqs, max_q, max_k),
                      sink=(learnable_sink, dsink))
@@ -699,7 +700,7 @@ def varlen_bwd(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Te
     q64, k64, v64, out64, lse64, dout64, dlse64 = (_f64(t) for t in (q, k, v, out, lse, dout, dlse))
     lse64 = lse64.contiguous()
     dlse64 = None if dlse64 is None else dlse64.contiguous()
-    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v))
+    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float64) for t in (q, k, v))  # the reference writes every row
     fwd_p = _varlen_fwd_params(q64, k64, v64, out64, lse64, _capi.FLOAT64, args, *seqs, max_q, max_k)
     dsink = _reference_bwd(fwd_p, learnable_sink, q, dout64[None], dlse64, dq[None], dk[None], dv[None],
                            deterministic)
@@ -746,14 +747,9 @@ def _addressable(t, rows_contiguous=False):
 
 def _run_into(buffers, launch):
     """Runs launch(*targets) with each caller buffer, or a temporary where the kernels cannot write it, then copies
-    the temporaries over. buffers: (tensor, rows_contiguous, fill) with fill None or the value the target starts
-    with (varlen padding rows)."""
-    targets = []
-    for t, rows_contiguous, fill in buffers:
-        target = t if _addressable(t, rows_contiguous) else torch.empty(t.shape, dtype=t.dtype, device=t.device)
-        if fill is not None:
-            target.fill_(fill)
-        targets.append(target)
+    the temporaries over. buffers: (tensor, rows_contiguous)."""
+    targets = [t if _addressable(t, rows_contiguous) else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+               for t, rows_contiguous in buffers]
     launch(*targets)
     for t, target in zip((b[0] for b in buffers), targets):
         if target is not t:
@@ -775,7 +771,7 @@ def fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_
                        ("lse", lse, (batch, nheads, seqlen_q), _lse_dtype(q.dtype))))
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
-        _run_into(((out, False, None), (lse, True, None)),
+        _run_into(((out, False), (lse, True)),
                   lambda o, l: run_forward(q, k, v, o, l, args, sink=learnable_sink))
         return
     o, l = fwd(q, k, v, *args, False, learnable_sink)
@@ -804,7 +800,7 @@ def bwd_into(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tens
     _check_into_bwd(dout, dlse, q, k, v, out, lse, dq, dk, dv, learnable_sink, dsink)
     args = (softmax_scale, causal, window_left, window_right, softcap)
     if q.device.type == "cuda":
-        _run_into(((dq, False, None), (dk, False, None), (dv, False, None)),
+        _run_into(((dq, False), (dk, False), (dv, False)),
                   lambda a, b, c: run_backward(dout, dlse, q, k, v, out, lse, a, b, c, args, deterministic,
                                                sink=(learnable_sink, dsink)))
         return
@@ -846,8 +842,8 @@ def varlen_fwd_into(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, c
     if q.device.type == "cuda":
         max_q, max_k = _varlen_lengths(q, k, *varlen)
         seqs = _contiguous(cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q)
-        # Padding rows (in no sequence) start as out 0, lse -inf, as flash_attn_varlen_func defines them.
-        _run_into(((out, False, 0.0), (lse, True, float("-inf"))),
+        # The library writes padding rows (in no sequence) too: out 0, lse -inf.
+        _run_into(((out, False), (lse, True)),
                   lambda o, l: run_forward(q, k, v, o, l, args, (*seqs, max_q, max_k), sink=learnable_sink))
         return
     o, l = varlen_fwd(q, k, v, *varlen, *args, False, learnable_sink)

@@ -107,11 +107,9 @@ def _forward(a, out=None):
     varlen = _varlen(a)
     if out is None:
         out = _like(q, (*q.shape[:-1], v.shape[-1]))
-    if varlen is None:
-        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    else:  # rows past the last sequence: out 0, lse -inf (flashcute.flash_attn_varlen_func's convention)
-        out.zero_()
-        lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    # varlen: (H, total); the library writes rows past the last sequence too (out 0, lse -inf).
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if varlen is None else (q.shape[1], q.shape[0])
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     ops.run_forward(q, k, v, out, lse, _args(a, q.shape[-1]), varlen)
     return out, lse
 
@@ -150,8 +148,7 @@ def _flash_backward(a):
     why = _unsupported(a, (a["grad_out"], q, k, v, a["out"]), (q.shape[-1], v.shape[-1]))
     if why:
         return why
-    make = torch.zeros_like if a.get("cum_seq_q") is not None else torch.empty_like  # varlen: zero padding rows
-    grads = make(q), make(k), make(v)
+    grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # varlen padding rows: the library zeroes
     _backward(a, a["grad_out"], q, k, v, a["out"], a["logsumexp"], grads)
     return grads
 

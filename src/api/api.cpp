@@ -163,14 +163,21 @@ flashcute_status_t check_workspace(void const* workspace, size_t given, size_t n
 
 // Varlen: the clamped sequence table the kernels read (and varlen_status, when asked for), built on the stream
 // from the caller's offsets; every varlen call runs it, also one with nothing else to compute.
-flashcute_status_t prepare_varlen(flashcute_fwd_params const& p, void* workspace, FwdKernelParams& k, void* stream) {
+flashcute_status_t prepare_varlen(flashcute_fwd_params const& p, VarlenFill const& fill, void* workspace,
+                                  FwdKernelParams& k, void* stream) {
   if (!p.cu_seqlens_q) return FLASHCUTE_SUCCESS;
   VarlenOffsets const v{p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, (int)p.batch, (int)p.total_q,
                         (int)p.total_k, (int)p.seqlen_q, (int)p.seqlen_k};
   auto* spans = static_cast<SeqSpan*>(workspace);
   k.seq_spans = spans;
   if (!p.seqused_q && !p.seqused_k) k.packed_rows_q = (int)p.total_q, k.packed_rows_k = (int)p.total_k;
-  return launch_status(launch_varlen_prepare(v, spans, p.varlen_status, stream), "varlen_prepare", 0);
+  return launch_status(launch_varlen_prepare(v, fill, spans, p.varlen_status, stream), "varlen_prepare", 0);
+}
+
+// One output of 16-bit elements for VarlenFill: rows of `heads` heads of `width` elements.
+VarlenFill::Tensor fill_tensor(void* base, int64_t row_stride, int64_t head_stride, int64_t heads, int64_t width,
+                               bool key_rows) {
+  return {static_cast<char*>(base), row_stride * 2, head_stride * 2, (int)heads, (int)(width * 2), key_rows};
 }
 
 }  // namespace
@@ -241,7 +248,7 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
     if (!params) return fail(FLASHCUTE_ERROR_INVALID_ARGUMENT, "params is NULL");
     auto const p = normalized(*params);
     if (auto s = validate_fwd(&p, Target::kDevice)) return s;
-    if (!fwd_has_work(p) && !p.varlen_status) return FLASHCUTE_SUCCESS;
+    if (!fwd_has_work(p) && !p.cu_seqlens_q) return FLASHCUTE_SUCCESS;  // varlen: its rows are written anyway
     KernelConfig const* cfg = nullptr;
     int device_sm = 0, smem_request = 0;
     if (auto s = choose_config(FLASHCUTE_FORWARD, p, &cfg, &device_sm, &smem_request)) return s;
@@ -264,7 +271,11 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
       k.lse_partial = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + ws.lse_offset);
       k.partial_rows = ws.partial_rows;
     }
-    if (auto s = prepare_varlen(p, p.workspace, k, stream)) return s;
+    VarlenFill fill{};  // out 0 and lse -inf where no sequence owns the row
+    fill.tensors[fill.count++] =
+        fill_tensor(p.out, p.out_row_stride, p.out_head_stride, p.nheads, p.head_dim_v, false);
+    fill.lse = static_cast<float*>(p.lse), fill.lse_head_stride = p.lse_head_stride, fill.lse_heads = (int)p.nheads;
+    if (auto s = prepare_varlen(p, fill, p.workspace, k, stream)) return s;
     if (!fwd_has_work(p)) return FLASHCUTE_SUCCESS;
     return launch_status(launch(k, stream), cfg->name, device_sm);
   });
@@ -277,7 +288,7 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     if (auto s = validate_bwd(&bp, Target::kDevice)) return s;
     auto const& p = bp.fwd;
     // No rows at all: the sink's gradient is 0, and no kernel would write it.
-    if (!bwd_has_work(p) && !p.varlen_status) return zero_device_floats(bp.dsink, p.nheads, stream, "dsink");
+    if (!bwd_has_work(p) && !p.cu_seqlens_q) return zero_device_floats(bp.dsink, p.nheads, stream, "dsink");
     KernelConfig const* cfg = nullptr;
     int device_sm = 0, smem_request = 0;
     if (auto s = choose_config(FLASHCUTE_BACKWARD, p, &cfg, &device_sm, &smem_request)) return s;
@@ -295,7 +306,13 @@ flashcute_status_t flashcute_bwd(flashcute_bwd_params const* params, void* strea
     BwdKernelParams k{};
     static_cast<FwdKernelParams&>(k) = kernel_params(p);
     k.smem_request = smem_request;
-    if (auto s = prepare_varlen(p, base + ws.seq_spans, k, stream)) return s;
+    VarlenFill fill{};  // zero gradients where no sequence owns the row
+    fill.tensors[fill.count++] = fill_tensor(bp.dq, bp.dq_row_stride, bp.dq_head_stride, p.nheads, p.head_dim, false);
+    fill.tensors[fill.count++] =
+        fill_tensor(bp.dk, bp.dk_row_stride, bp.dk_head_stride, p.nheads_kv, p.head_dim, true);
+    fill.tensors[fill.count++] =
+        fill_tensor(bp.dv, bp.dv_row_stride, bp.dv_head_stride, p.nheads_kv, p.head_dim_v, true);
+    if (auto s = prepare_varlen(p, fill, base + ws.seq_spans, k, stream)) return s;
     if (!bwd_has_work(p)) return zero_device_floats(bp.dsink, p.nheads, stream, "dsink");
     k.dout = bp.dout;
     k.dout_batch_stride = bp.dout_batch_stride, k.dout_row_stride = bp.dout_row_stride;

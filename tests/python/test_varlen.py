@@ -193,3 +193,40 @@ def test_rows_no_sequence_owns_change_nothing(head_dim, causal):
 
     for a, b, what in zip(run(*padded), run(*clean), ("out", "lse", "dq", "dk", "dv")):
         assert torch.equal(a, b), what
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("used", (False, True), ids=["packed", "seqused"])
+def test_rows_no_sequence_owns_are_written(device, used):
+    # Rows past the last sequence and past a sequence's seqused_q get out 0, lse -inf and zero dq; key rows past the
+    # last sequence zero dk and dv: written by the library, whatever the memory held (NaN here), also into out=/lse=.
+    lens_q, lens_k, tail_q, tail_k = [5, 0, 130, 17], [7, 3, 150, 20], 11, 9
+    used_q = [3, 0, 100, 17] if used else None
+    used_k = [7, 1, 150, 5] if used else None
+    dtype = torch.float64 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(3)
+    tq, tk = sum(lens_q) + tail_q, sum(lens_k) + tail_k
+    q, k, v = (torch.randn(s, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
+               for s in ((tq, 4, 64), (tk, 2, 64), (tk, 2, 64)))
+    cu_q, cu_k = offsets(lens_q, device), offsets(lens_k, device)
+    seqused_q, seqused_k = (None if x is None else torch.tensor(x, dtype=torch.int32, device=device)
+                            for x in (used_q, used_k))
+    owned_q = torch.zeros(tq, dtype=torch.bool, device=device)
+    owned_k = torch.zeros(tk, dtype=torch.bool, device=device)
+    for b in range(len(lens_q)):
+        owned_q[int(cu_q[b]):int(cu_q[b]) + (used_q or lens_q)[b]] = True
+        owned_k[int(cu_k[b]):int(cu_k[b + 1])] = True
+    if device == "cuda":  # the next allocations reuse NaN-filled memory
+        torch.empty(1 << 22, device=device).fill_(float("nan"))
+    kw = dict(causal=True, seqused_q=seqused_q, seqused_k=seqused_k, max_seqlen_q=max(lens_q),
+              max_seqlen_k=max(lens_k))
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, **kw)
+    dq, dk, dv = torch.autograd.grad((out, lse), (q, k, v), (torch.randn_like(out), torch.randn_like(lse)))
+    assert (out[~owned_q] == 0).all() and (lse[:, ~owned_q] == float("-inf")).all()
+    assert (dq[~owned_q] == 0).all() and (dk[~owned_k] == 0).all() and (dv[~owned_k] == 0).all()
+    for t in (out, dq, dk, dv):
+        assert torch.isfinite(t).all()
+    buf_out, buf_lse = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+    with torch.no_grad():
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, out=buf_out, lse=buf_lse, **kw)
+    assert torch.equal(buf_out, out) and torch.equal(buf_lse, lse)
