@@ -13,9 +13,10 @@
 #                                                       library's path last:
 #            FLASHCUTE_LIBRARY="$(bash scripts/ab_tree.sh build sm90_fwd_bf16 | tail -n1)" python3 bench/run.py ...
 # The test binaries are not built (the library is what an A/B times). A backward timed or checked through Python runs
-# the forward first: the subset needs both directions' kernels (e.g. 'sm90_(fwd|bwd)_bf16_hd128_'). Several trees build one after another (or
-# side by side: start each in the background and wait for their PIDs, never a bare `wait` in a script whose output
-# goes through `exec > >(tee ...)`, which also waits for the tee and hangs until the device call's limit).
+# the forward first: the subset needs both directions' kernels (e.g. 'sm90_(fwd|bwd)_bf16_hd128_'). Several trees
+# build one after another (or side by side: start each in the background and wait for their PIDs, never a bare
+# `wait` in a script whose output goes through `exec > >(tee ...)`, which also waits for the tee and hangs until the
+# device call's limit).
 # Delete the .tar files once done (they are not ignored, so git status shows them).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
