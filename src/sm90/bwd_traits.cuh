@@ -66,18 +66,13 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // dS goes through shared memory. With kSplitHeadDim each warpgroup computes S^T and dP^T for its share of the
   // queries, and dV / dK for its share of the head dim: P^T and dS^T go through shared memory for both.
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / kDimGroups>, Int<kHeadDim>>>(),
-      Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
+      gmma_ss<Element, kBlockM / kDimGroups, kHeadDim>(), Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
   // dK (kHeadDim columns) and dV (kHeadDimV).
   template <int kCols>
   using TiledMmaGrad = decltype(make_tiled_mma(
       std::conditional_t<kSplitHeadDim,
-                         decltype(GMMA::ss_op_selector<Element, Element, float,
-                                                       Shape<_64, Int<kCols / kDimGroups>, Int<kBlockM>>,
-                                                       GMMA::Major::K, GMMA::Major::MN>()),
-                         decltype(GMMA::rs_op_selector<Element, Element, float,
-                                                       Shape<_64, Int<kCols / kDimGroups>, Int<kBlockM>>,
-                                                       GMMA::Major::K, GMMA::Major::MN>())>{},
+                         decltype(gmma_ss<Element, kCols / kDimGroups, kBlockM, GMMA::Major::K, GMMA::Major::MN>()),
+                         decltype(gmma_rs<Element, kCols / kDimGroups, kBlockM, GMMA::Major::MN>())>{},
       Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
   using TiledMmaKV = TiledMmaGrad<kHeadDim>;
   using TiledMmaV = TiledMmaGrad<kHeadDimV>;
@@ -87,8 +82,7 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr int kDqCols = kHeadDim / kDqChunks;
   static constexpr int kDqColsPerWarpgroup = kDqCols / kWarpgroups;
   using TiledMmaQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqColsPerWarpgroup>, Int<kBlockN>>,
-                           GMMA::Major::MN, GMMA::Major::MN>(),
+      gmma_ss<Element, kDqColsPerWarpgroup, kBlockN, GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
 
   // The float32 dQ accumulator holds each (kBlockM, kDqCols) chunk in the dQ product's fragment order, as the

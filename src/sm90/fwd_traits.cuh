@@ -68,11 +68,8 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   // S = Q K^T from shared memory; O += P V with P in registers (the S accumulators, converted).
   using AtomLayout = Layout<Shape<Int<kBlockM / 64>, _1, _1>>;
   using TiledMmaS = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
-  using TiledMmaO = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      AtomLayout{}));
+      gmma_ss<Element, kBlockN, kHeadDim>(), AtomLayout{}));
+  using TiledMmaO = decltype(make_tiled_mma(gmma_rs<Element, kHeadDimV, kBlockN, GMMA::Major::MN>(), AtomLayout{}));
 
   // TMA (fixed-length batches): K and V as (seqlen, head_dim, heads, batch) tensors, one K/V stage per copy; rows
   // past the sequence and columns past the head dim arrive as zeros.

@@ -20,6 +20,32 @@ using GmmaAtomK = std::conditional_t<
     std::conditional_t<kCols % 32 == 0, decltype(GMMA::Layout_K_SW64_Atom<Element>{}),
                        decltype(GMMA::Layout_K_SW32_Atom<Element>{})>>;
 
+// The wgmma op for a 64 x kN x kK warpgroup product (A and B majors as given), float accumulators. CuTe's selectors
+// fall back to a narrower instruction (64 x 16 for 80 columns) when kN is no multiple of 32 up to 96, or of 64
+// beyond, unless CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED is defined (CMakeLists.txt defines it for every kernel):
+// five 64 x 16 wgmmas in place of one 64 x 80 ran the 80-row hd128 backward at 0.66-0.79x the 64-row tile
+// (bench/RESULTS.md, 2026-12-06 sixth and seventh sessions). The static_assert makes a narrower instruction a
+// build error, not a slow kernel.
+template <class Op, int kN>
+constexpr Op full_width_gmma() {
+  static_assert(size<1>(typename MMA_Traits<Op>::Shape_MNK{}) == kN,
+                "wgmma narrower than the tile's columns: define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
+  return Op{};
+}
+template <class Element, int kN, int kK, GMMA::Major kMajorA = GMMA::Major::K, GMMA::Major kMajorB = GMMA::Major::K>
+constexpr auto gmma_ss() {
+  using Op =
+      decltype(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, Int<kK>>, kMajorA, kMajorB>());
+  return full_width_gmma<Op, kN>();
+}
+// A from registers (K-major by construction).
+template <class Element, int kN, int kK, GMMA::Major kMajorB = GMMA::Major::K>
+constexpr auto gmma_rs() {
+  using Op = decltype(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kN>, Int<kK>>, GMMA::Major::K,
+                                           kMajorB>());
+  return full_width_gmma<Op, kN>();
+}
+
 // kZeroInit: the first k-slice overwrites acc instead of adding to it (no clear needed). kRegA: A holds register
 // values (P), not shared-memory descriptors. Until the matching wait, neither acc nor a register A may be touched.
 template <bool kZeroInit, bool kRegA, class TiledMma, class TA, class TB, class Acc>
