@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <cstddef>
 #include <cstdint>
 
@@ -11,7 +12,7 @@
 namespace flashcute {
 
 struct BwdWorkspace {
-  static constexpr int kRowAlign = 128;  // every block_m/block_n of the backward divides this
+  static constexpr int kRowAlign = 128;  // every block_m and (but 96) block_n of the backward divides this
   // How the CTAs add into dQ. kShared: all into one accumulator with atomics, in any order (the default mode).
   // Deterministic mode, by config (orders_dq_by_turns, BwdTraits::kDqTurns): kTurns, the same accumulator, the CTAs
   // of a query tile taking turns in key-tile order (common/bwd_dq_order.cuh; one int per kDqTurnRows query rows); or
@@ -72,7 +73,9 @@ struct BwdWorkspace {
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     BwdWorkspace w{};
     w.seqlen_q_rounded = round(seqlen_q, kRowAlign);
-    w.seqlen_k_rounded = round(seqlen_k, kRowAlign);
+    // Key tiles of 96 (the Hopper hd192 candidate, kSwapKV) do not divide kRowAlign: their last tile's rows must
+    // still lie in the sequence's rounded rows (GQA's float32 dK/dV accumulators).
+    w.seqlen_k_rounded = round(seqlen_k, std::lcm<int64_t>(kRowAlign, block_n));
     w.head_dim_rounded = tile_head_dim;
     w.dq = dq;
     int64_t const key_tiles = (seqlen_k + block_n - 1) / block_n;

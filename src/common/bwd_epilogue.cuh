@@ -3,6 +3,8 @@
 // kHeadDim, SmemStoreC, GmemStore).
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 
 #include "common/bwd_atomics.cuh"
@@ -32,11 +34,14 @@ CUTE_DEVICE void load_row_terms(BwdKernelParams const& p, int b, int h, int m, f
 // accumulators (converted later by bwd_postprocess_kernel); otherwise they go through K's and V's shared memory
 // (sK, sV: every thread must be done reading them) so the global stores are 16-byte vectors along rows.
 // A barrier over every thread of the CTA; a warp-specialised kernel passes one over its MMA threads instead.
+// kTransposed: the accumulators hold dK^T and dV^T (head dim x keys; the Hopper kSwapKV tile), stored element by
+// element into transposed views.
 struct SyncCta {
   CUTE_DEVICE void operator()() const { __syncthreads(); }
 };
 
-template <class T, class MmaK, class MmaV, class AccK, class AccV, class SK, class SV, class Sync = SyncCta>
+template <class T, bool kTransposed = false, class MmaK, class MmaV, class AccK, class AccV, class SK, class SV,
+          class Sync = SyncCta>
 CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::kBlockN> const& blk,
                              MmaK const& mma_k, MmaV const& mma_v, AccK& acc_dk, AccV& acc_dv, SK& sK, SV& sV,
                              Sync const& sync = {}) {
@@ -45,6 +50,25 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
   constexpr int kHeadDimV = T::kHeadDimV;
   auto tile_kv = Shape<Int<T::kBlockN>, Int<kHeadDim>>{};
   auto tile_v = Shape<Int<T::kBlockN>, Int<kHeadDimV>>{};
+  // A (keys, cols) tensor, its tile n and its tile shape as the accumulators see them.
+  auto acc_view = [](auto t) {
+    if constexpr (kTransposed)
+      return make_tensor(t.data(), select<1, 0>(t.layout()));
+    else
+      return t;
+  };
+  auto acc_tile = [](auto tile) {
+    if constexpr (kTransposed)
+      return make_shape(get<1>(tile), get<0>(tile));
+    else
+      return tile;
+  };
+  auto acc_coord = [](int n) {
+    if constexpr (kTransposed)
+      return make_coord(0, n);
+    else
+      return make_coord(n, 0);
+  };
   auto thr = mma_k.get_thread_slice(threadIdx.x);
   auto thr_v = mma_v.get_thread_slice(threadIdx.x);
   if (blk.gqa && !blk.group_in_cta) {
@@ -55,10 +79,17 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
                                 make_stride(row_stride, _1{}));  // (Sk_rounded, D)
     Tensor mdVacc = make_tensor(make_gmem_ptr(p.dv_accum + off), make_shape(p.seqlen_k_rounded, Int<kHeadDimV>{}),
                                 make_stride(row_stride, _1{}));  // (Sk_rounded, Dv)
-    Tensor tdKg = thr.partition_C(local_tile(mdKacc, tile_kv, make_coord(blk.n_block, 0)));  // (MMA, MMA_N, MMA_D)
-    Tensor tdVg = thr_v.partition_C(local_tile(mdVacc, tile_v, make_coord(blk.n_block, 0)));
-    atomic_add_fragment(tdKg, acc_dk);
-    atomic_add_fragment(tdVg, acc_dv);
+    Tensor tdKg = thr.partition_C(local_tile(acc_view(mdKacc), acc_tile(tile_kv), acc_coord(blk.n_block)));
+    Tensor tdVg = thr_v.partition_C(local_tile(acc_view(mdVacc), acc_tile(tile_v), acc_coord(blk.n_block)));
+    if constexpr (kTransposed) {  // neighbouring accumulator columns are neighbouring rows here: one float each
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dk); ++i) atomicAdd(&tdKg(i), acc_dk(i));
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dv); ++i) atomicAdd(&tdVg(i), acc_dv(i));
+    } else {
+      atomic_add_fragment(tdKg, acc_dk);
+      atomic_add_fragment(tdVg, acc_dv);
+    }
     return;
   }
 
@@ -67,12 +98,13 @@ CUTE_DEVICE void store_dk_dv(BwdKernelParams const& p, BwdBlock<T::kBlockM, T::k
   Tensor rdK = convert_to<Element>(acc_dk);
   Tensor rdV = convert_to<Element>(acc_dv);
   sync();
-  auto sts = make_tiled_copy_C(typename T::SmemStoreC{}, mma_k);
+  using Store = std::conditional_t<kTransposed, Copy_Atom<UniversalCopy<Element>, Element>, typename T::SmemStoreC>;
+  auto sts = make_tiled_copy_C(Store{}, mma_k);
   auto sts_thr = sts.get_thread_slice(threadIdx.x);
-  cute::copy(sts, sts_thr.retile_S(rdK), sts_thr.partition_D(sK));
-  auto sts_v = make_tiled_copy_C(typename T::SmemStoreC{}, mma_v);
+  cute::copy(sts, sts_thr.retile_S(rdK), sts_thr.partition_D(acc_view(sK)));
+  auto sts_v = make_tiled_copy_C(Store{}, mma_v);
   auto sts_v_thr = sts_v.get_thread_slice(threadIdx.x);
-  cute::copy(sts_v, sts_v_thr.retile_S(rdV), sts_v_thr.partition_D(sV));
+  cute::copy(sts_v, sts_v_thr.retile_S(rdV), sts_v_thr.partition_D(acc_view(sV)));
   sync();
 
   int const key_rows = blk.key_rows(p);

@@ -140,7 +140,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   auto tile_do = Shape<Int<kBlockM>, Int<kHeadDimV>>{};
   auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
   auto tile_v = Shape<Int<kBlockN>, Int<kHeadDimV>>{};
-  auto tile_st = Shape<Int<kBlockN>, Int<kBlockM>>{};  // S^T, dP^T
+  auto tile_st = typename T::TileS{};  // S^T, dP^T (keys x queries), or kSwapKV S, dP (queries x keys)
+  constexpr bool kSwap = T::kSwapKV;
 
   Tensor mK = make_tensor(make_gmem_ptr(blk.template k<Element>(p)), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(p.k_row_stride, _1{}));  // (Sk, D)
@@ -153,9 +154,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});   // (kBlockM, Dv, stage)
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});       // (kBlockN, D)
   Tensor sV = make_tensor(make_smem_ptr(smem.v), typename T::SmemLayoutV{});        // (kBlockN, Dv)
-  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutdSt{});   // (kBlockN, kBlockM, stage)
-  Tensor sPt = make_tensor(make_smem_ptr(smem.ds + (T::kSplitHeadDim ? cosize_v<typename T::SmemLayoutdSt> : 0)),
-                           typename T::SmemLayoutdSt{});                            // (kBlockN, kBlockM, stage)
+  // dS^T and P^T as the registers store them (kSwapKV: dS and P).
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds), typename T::SmemLayoutPdSStored{});  // (tile_st, stage)
+  Tensor sPt = make_tensor(make_smem_ptr(smem.ds + (T::kPtInSmem ? cosize_v<typename T::SmemLayoutdSt> : 0)),
+                           typename T::SmemLayoutPdSStored{});                           // (tile_st, stage)
 
   typename T::GmemLoad gmem_load;
   auto load_thr = gmem_load.get_thread_slice(tid);
@@ -244,8 +246,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   auto thr_kv = mma_kv.get_thread_slice(wg_thread);
   auto thr_dv = mma_dv.get_thread_slice(wg_thread);
   auto thr_dq = mma_dq.get_thread_slice(wg_thread);
-  Tensor acc_dk = partition_fragment_C(mma_kv, tile_kv);  // (MMA, MMA_N, MMA_D)
-  Tensor acc_dv = partition_fragment_C(mma_dv, tile_v);   // (MMA, MMA_N, MMA_Dv)
+  Tensor acc_dk = partition_fragment_C(mma_kv, typename T::template TileGrad<kHeadDim>{});  // (MMA, MMA_N, MMA_D)
+  Tensor acc_dv = partition_fragment_C(mma_dv, typename T::template TileGrad<kHeadDimV>{});
   clear(acc_dk);
   clear(acc_dv);
 
@@ -255,11 +257,12 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
   Tensor tPsPt = sts_ds_thr.partition_D(sPt);
 
   // Rows (keys) and columns (queries) of the S^T tile this thread holds: its base plus thread 0's compile-time
-  // offsets, see TileCoords. The row terms are per query, i.e. per column here.
+  // offsets, see TileCoords. The row terms are per query, i.e. per column here (kSwapKV: per row).
   using Coords = TileCoords<typename T::TiledMmaSdP, decltype(tile_st)>;
   Coords const s_base(mma_sdp, tile_st);
   auto const s_off = Coords::offsets(mma_sdp, tile_st);  // (rows, cols)
-  auto const col_term = [&](int, int c) { return get<1>(s_off(0, c)); };
+  auto const col_term = [&](int r, int c) { return kSwap ? get<0>(s_off(r, 0)) : get<1>(s_off(0, c)); };
+  int const query_base = kSwap ? s_base.row_base : s_base.col_base;
   // Deterministic mode with turns: the turn word of the previous step's query tile, handed on under the next
   // step's first MMAs (or after the walk), where the release's fence overlaps the tensor cores.
   int* turn = nullptr;
@@ -286,46 +289,81 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     if constexpr (kTma) asm volatile("" : "+l"(base));
     auto& sm = *reinterpret_cast<typename T::SharedStorage*>(base);
     auto view = [&](auto* ptr, auto layout) { return make_tensor(make_smem_ptr(ptr), layout); };
-    Tensor tSrK = thr_sdp.make_fragment_A(thr_sdp.partition_A(view(sm.k, typename T::SmemLayoutKV{})));
-    Tensor tSrQ = thr_sdp.make_fragment_B(thr_sdp.partition_B(view(sm.q, typename T::SmemLayoutQs{})));
-    Tensor tPrV = thr_sdp.make_fragment_A(thr_sdp.partition_A(view(sm.v, typename T::SmemLayoutV{})));
-    Tensor tPrdO = thr_sdp.make_fragment_B(thr_sdp.partition_B(view(sm.dout, typename T::SmemLayoutdOs{})));
-    Tensor tVrdOt = thr_dv.make_fragment_B(thr_dv.partition_B(view(sm.dout, typename T::SmemLayoutdOst{})));
-    Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(view(sm.q, typename T::SmemLayoutQst{})));
+    Element* const sm_p = sm.ds + (T::kPtInSmem ? cosize_v<typename T::SmemLayoutdSt> : 0);
     Tensor tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(view(sm.ds, typename T::SmemLayoutdS{})));
-    Tensor tVsPt = thr_dv.make_fragment_A(thr_dv.partition_A(
-        view(sm.ds + (T::kSplitHeadDim ? cosize_v<typename T::SmemLayoutdSt> : 0), typename T::SmemLayoutdSt{})));
-    Tensor tKsdSt = thr_kv.make_fragment_A(thr_kv.partition_A(view(sm.ds, typename T::SmemLayoutdSt{})));
     Tensor sKt = view(sm.k, typename T::SmemLayoutKt{});
+    // The S / dP products' operands, as (A, B): K and Q (S^T), or Q and K (kSwapKV S); stage-indexed ones take
+    // `stage` in issue_sdp.
+    auto const operands_sdp = [&](auto* keys, auto keys_layout, auto* rows, auto rows_layout) {
+      if constexpr (kSwap)
+        return cute::make_tuple(thr_sdp.make_fragment_A(thr_sdp.partition_A(view(rows, rows_layout))),
+                                thr_sdp.make_fragment_B(thr_sdp.partition_B(view(keys, keys_layout))));
+      else
+        return cute::make_tuple(thr_sdp.make_fragment_A(thr_sdp.partition_A(view(keys, keys_layout))),
+                                thr_sdp.make_fragment_B(thr_sdp.partition_B(view(rows, rows_layout))));
+    };
+    auto const s_ops = operands_sdp(sm.k, typename T::SmemLayoutKV{}, sm.q, typename T::SmemLayoutQs{});
+    auto const dp_ops = operands_sdp(sm.v, typename T::SmemLayoutV{}, sm.dout, typename T::SmemLayoutdOs{});
+    auto const issue_sdp = [&](auto const& ops, auto& acc) __attribute__((always_inline)) {
+      if constexpr (kSwap)
+        warpgroup_issue<true, false>(mma_sdp, get<0>(ops)(_, _, _, stage), get<1>(ops), acc);
+      else
+        warpgroup_issue<true, false>(mma_sdp, get<0>(ops), get<1>(ops)(_, _, _, stage), acc);
+    };
+    // dV, dK: (A, B) = (P^T or dS^T, dO or Q read MN-major), or kSwapKV (dO^T or Q^T, P^T or dS^T read MN-major).
+    auto const operands_grad = [&](auto& thr, auto* pds, auto* rows, auto rows_t_layout) {
+      if constexpr (kSwap)
+        return cute::make_tuple(thr.make_fragment_A(thr.partition_A(view(rows, rows_t_layout))),
+                                thr.make_fragment_B(thr.partition_B(view(pds, typename T::SmemLayoutdSt{}))));
+      else
+        return cute::make_tuple(thr.make_fragment_A(thr.partition_A(view(pds, typename T::SmemLayoutdSt{}))),
+                                thr.make_fragment_B(thr.partition_B(view(rows, rows_t_layout))));
+    };
+    auto const dv_ops = operands_grad(thr_dv, sm_p, sm.dout, typename T::SmemLayoutdOst{});
+    auto const dk_ops = operands_grad(thr_kv, sm.ds, sm.q, typename T::SmemLayoutQst{});
+    // dV or dK from shared memory alone (kSplitHeadDim, kSwapKV), or with P^T / dS^T from registers (a_regs).
+    auto const issue_grad = [&](auto& mma, auto const& ops, auto& acc) __attribute__((always_inline)) {
+      if constexpr (kSwap)
+        warpgroup_issue<false, false>(mma, get<0>(ops)(_, _, _, stage), get<1>(ops)(_, _, _, ds_stage), acc);
+      else
+        warpgroup_issue<false, false>(mma, get<0>(ops)(_, _, _, ds_stage), get<1>(ops)(_, _, _, stage), acc);
+    };
+    auto const issue_grad_regs = [&](auto& mma, auto const& a_regs, auto const& ops, auto& acc)
+                                     __attribute__((always_inline)) {
+      warpgroup_issue<false, true>(mma, a_regs, get<1>(ops)(_, _, _, stage), acc);
+    };
 
     Tensor acc_s = partition_fragment_C(mma_sdp, tile_st);   // (MMA, MMA_N, MMA_M)
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
-    warpgroup_issue<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
-    warpgroup_issue<true, false>(mma_sdp, tPrV, tPrdO(_, _, _, stage), acc_dp);
+    issue_sdp(s_ops, acc_s);
+    issue_sdp(dp_ops, acc_dp);
     if constexpr (kWarpTurns) {
       if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
     }
-    Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries)
-    Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (keys, queries)
+    Tensor s = make_tensor(acc_s.data(), acc_as_rowcol(acc_s.layout()));     // (keys, queries), kSwapKV transposed
+    Tensor ds = make_tensor(acc_dp.data(), acc_as_rowcol(acc_dp.layout()));  // (keys, queries), kSwapKV transposed
     // Row terms from the preprocess; rows past the sequence hold its padding (lse_log2 = +inf, D = 0), so P = 0.
     // Read into registers while the MMAs run: the waits below order every shared-memory access, and reads after
     // them left the exponentials waiting on their latency (ncu, bench/RESULTS.md thirteenth session).
     // Where a thread holds more than 16 query columns (128-row steps) they are read from shared memory where used.
-    constexpr int kCols = decltype(size<1>(s))::value;
-    constexpr bool kTermsInRegs = kCols <= 16;
-    float const* const rows = smem.rows + stage * 2 * kBlockM + s_base.col_base;
-    float lse2_r[kTermsInRegs ? kCols : 1], dsum_r[kTermsInRegs ? kCols : 1];
+    constexpr int kTerms = decltype(size<kSwap ? 0 : 1>(s))::value;  // this thread's queries
+    constexpr bool kTermsInRegs = kTerms <= 16;
+    float const* const rows = smem.rows + stage * 2 * kBlockM + query_base;
+    float lse2_r[kTermsInRegs ? kTerms : 1], dsum_r[kTermsInRegs ? kTerms : 1];
     if constexpr (kTermsInRegs) {
       CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) lse2_r[c] = rows[col_term(0, c)], dsum_r[c] = rows[kBlockM + col_term(0, c)];
+      for (int t = 0; t < kTerms; ++t) {
+        int const q = kSwap ? col_term(t, 0) : col_term(0, t);
+        lse2_r[t] = rows[q], dsum_r[t] = rows[kBlockM + q];
+      }
     }
     float const* const lse2 = kTermsInRegs ? lse2_r : rows;
     float const* const dsum = kTermsInRegs ? dsum_r : rows + kBlockM;
-    auto const reg_term = [&](int r, int c) { return kTermsInRegs ? c : col_term(r, c); };
+    auto const reg_term = [&](int r, int c) { return kTermsInRegs ? (kSwap ? r : c) : col_term(r, c); };
     if constexpr (kGeneral) {
       warpgroup_wait_for<0>(acc_s, acc_dp);
       grads_general(s, ds, lse2, dsum, reg_term, p.softcap_prescale, p.scale_log2,
-                    [&] { apply_mask<true>(acc_s, mma_sdp, tile_st, blk.mask, m0, n0); });
+                    [&] { apply_mask<!kSwap>(acc_s, mma_sdp, tile_st, blk.mask, m0, n0); });
     } else {
       // P^T's exponentials run while dP^T is still being computed.
       warpgroup_wait_for<1>(acc_s);
@@ -345,16 +383,16 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     Tensor rdS = convert_to<Element>(acc_dp);
     // dV first, then dQ's first chunk as soon as dS is in shared memory, then dK: dQ's atomics are issued while
     // the tensor cores work on dK.
-    if constexpr (T::kSplitHeadDim) {
+    if constexpr (T::kPtInSmem) {
       store_ds_stage(rP, tPsPt);
       store_ds_stage(rdS, tdSsdS);
       cutlass::arch::fence_view_async_shared();
-      mma_barrier();  // every warpgroup's P^T and dS^T columns are in shared memory, for wgmma
+      mma_barrier();  // every warpgroup's P^T and dS^T columns (kSwapKV: P, dS keys) are in shared memory
       load_ahead();
-      warpgroup_issue<false, false>(mma_dv, tVsPt(_, _, _, ds_stage), tVrdOt(_, _, _, stage), acc_dv);
+      issue_grad(mma_dv, dv_ops, acc_dv);
     } else {
       Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
-      warpgroup_issue<false, true>(mma_dv, tVrP, tVrdOt(_, _, _, stage), acc_dv);
+      issue_grad_regs(mma_dv, tVrP, dv_ops, acc_dv);
       store_ds_stage(rdS, tdSsdS);
       cutlass::arch::fence_view_async_shared();
       mma_barrier();  // every warpgroup's dS^T rows are in shared memory, for wgmma
@@ -369,11 +407,11 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
       Tensor acc_dq = partition_fragment_C(mma_dq, tile_dq);              // (MMA, MMA_M, MMA_Dc / warpgroups)
       warpgroup_issue<true, false>(mma_dq, tQrdS(_, _, _, ds_stage), tQrKt, acc_dq);
       if constexpr (decltype(issue_dk)::value) {
-        if constexpr (T::kSplitHeadDim) {
-          warpgroup_issue<false, false>(mma_kv, tKsdSt(_, _, _, ds_stage), tKrQt(_, _, _, stage), acc_dk);
+        if constexpr (T::kPtInSmem) {
+          issue_grad(mma_kv, dk_ops, acc_dk);
         } else {
           Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
-          warpgroup_issue<false, true>(mma_kv, tKrdS, tKrQt(_, _, _, stage), acc_dk);
+          issue_grad_regs(mma_kv, tKrdS, dk_ops, acc_dk);
         }
         warpgroup_wait_for<1>(acc_dv, acc_dq, rP);
         // The first chunk's atomics wait for this query tile's turn, under the dK product.
@@ -419,7 +457,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     if (p.dq_turns && num_iters > 0) DqTurns::pass(turn, n_block + 1);
   }
   ring += num_iters;
-  store_dk_dv<T>(p, blk, mma_kv, mma_dv, acc_dk, acc_dv, sK, sV, mma_barrier);
+  store_dk_dv<T, T::kSwapKV>(p, blk, mma_kv, mma_dv, acc_dk, acc_dv, sK, sV, mma_barrier);
   // The next key tile's TMA copies overwrite K's and V's shared memory, which the epilogue has just written and read
   // through the generic proxy: fenced here, ordered by the CTA barrier after this key tile (for_each_key_tile).
   if constexpr (kTma) cutlass::arch::fence_view_async_shared();

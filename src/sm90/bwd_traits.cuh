@@ -32,13 +32,18 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // Warpgroups either take 64 keys each (kBlockN = 64 * warpgroups), or, for head dims whose dK and dV would not
   // fit one warpgroup's registers, all take the same 64 keys and split the head dim (kSplitHeadDim).
   static constexpr bool kSplitHeadDim = kBlockN == 64 && kWarpgroups > 1;
-  static_assert(kBlockN == 64 * kWarpgroups || kSplitHeadDim);
+  // Or (kSwapKV, FA3's and FA4's tile above hd128) each warpgroup takes 48 keys: S = Q K^T with the queries as the
+  // wgmma rows (48 cannot be), and dK^T = Q^T dS, dV^T = dO^T P with the head dim as the rows; P and dS both go
+  // through shared memory.
+  static constexpr bool kSwapKV = kBlockN == 48 * kWarpgroups;
+  static_assert(kBlockN == 64 * kWarpgroups || kSplitHeadDim || kSwapKV);
+  static constexpr bool kPtInSmem = kSplitHeadDim || kSwapKV;
   static constexpr int kKeyGroups = kSplitHeadDim ? 1 : kWarpgroups;
   static constexpr int kDimGroups = kSplitHeadDim ? kWarpgroups : 1;
   // Q/dO stages. The loads of step i + kStages - 1 are issued right after step i's shared-memory barrier, which
   // every warp passes only once done with step i - 1, whose stage they refill: no CTA barrier at a step's start.
   // Three stages give those loads more than a step to land; hd192 and hd256 have room for two.
-  static constexpr int kStages = kStages_ ? kStages_ : kSplitHeadDim ? 2 : 3;
+  static constexpr int kStages = kStages_ ? kStages_ : kPtInSmem ? 2 : 3;
   template <int kStagesWith>
   using WithStages = BwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kWarps_, kHeadDimV_, kStagesWith>;
   // dS^T (and P^T) alternate between two buffers, so a warpgroup may store step i's while the other still reads
@@ -52,7 +57,7 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // (bwd_ws_kernel).
   // src/arch/registry.h's orders_dq_by_turns agrees.
   static constexpr bool kDqTurns = true;
-  static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitHeadDim),
+  static_assert(kBlockM == 64 || (kBlockM == 128 && !kPtInSmem),
                 "dQ = dS K: one or two wgmma row blocks, their columns split over the warpgroups");
   static_assert(kHeadDim % (16 * kWarpgroups) == 0 && kHeadDim <= 256);
   static_assert(kHeadDimV <= kHeadDim && kHeadDimV % (16 * kWarpgroups) == 0 &&
@@ -65,15 +70,32 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // Computing S^T rather than S leaves P^T and dS^T in the registers that dV and dK take as their A operand, so only
   // dS goes through shared memory. With kSplitHeadDim each warpgroup computes S^T and dP^T for its share of the
   // queries, and dV / dK for its share of the head dim: P^T and dS^T go through shared memory for both.
-  using TiledMmaSdP = decltype(make_tiled_mma(
-      gmma_ss<Element, kBlockM / kDimGroups, kHeadDim>(), Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
+  // kSwapKV: S = Q K^T, dP = dO V^T (queries x keys), the warpgroups side by side along the keys.
+  using TiledMmaSdP = std::conditional_t<
+      kSwapKV,
+      decltype(make_tiled_mma(gmma_ss<Element, kBlockN / kWarpgroups, kHeadDim>(),
+                              Layout<Shape<_1, Int<kWarpgroups>, _1>>{})),
+      decltype(make_tiled_mma(gmma_ss<Element, kBlockM / kDimGroups, kHeadDim>(),
+                              Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}))>;
+  // The S / dP tile: keys x queries, or (kSwapKV) queries x keys.
+  using TileS = std::conditional_t<kSwapKV, Shape<Int<kBlockM>, Int<kBlockN>>, Shape<Int<kBlockN>, Int<kBlockM>>>;
   // dK (kHeadDim columns) and dV (kHeadDimV).
+  // kSwapKV: dK^T, dV^T (head dim x keys), Q^T / dO^T and dS / P read MN-major, the warpgroups along the keys.
   template <int kCols>
-  using TiledMmaGrad = decltype(make_tiled_mma(
+  using TiledMmaGradSwap = decltype(make_tiled_mma(
+      gmma_ss<Element, kBlockN / kWarpgroups, kBlockM, GMMA::Major::MN, GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
+  template <int kCols>
+  using TiledMmaGradUnswapped = decltype(make_tiled_mma(
       std::conditional_t<kSplitHeadDim,
                          decltype(gmma_ss<Element, kCols / kDimGroups, kBlockM, GMMA::Major::K, GMMA::Major::MN>()),
                          decltype(gmma_rs<Element, kCols / kDimGroups, kBlockM, GMMA::Major::MN>())>{},
       Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
+  template <int kCols>
+  using TiledMmaGrad = std::conditional_t<kSwapKV, TiledMmaGradSwap<kCols>, TiledMmaGradUnswapped<kCols>>;
+  // The dK / dV tiles as their accumulators hold them: keys x head dim, or (kSwapKV) head dim x keys.
+  template <int kCols>
+  using TileGrad = std::conditional_t<kSwapKV, Shape<Int<kCols>, Int<kBlockN>>, Shape<Int<kBlockN>, Int<kCols>>>;
   using TiledMmaKV = TiledMmaGrad<kHeadDim>;
   using TiledMmaV = TiledMmaGrad<kHeadDimV>;
   // dQ in column chunks of kDqCols, each split over the warpgroups. One chunk serves up to hd192; hd256 takes four
@@ -81,8 +103,9 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr int kDqChunks = kHeadDim == 256 ? 4 : 1;
   static constexpr int kDqCols = kHeadDim / kDqChunks;
   static constexpr int kDqColsPerWarpgroup = kDqCols / kWarpgroups;
+  // dS is read K-major where it is stored queries x keys (kSwapKV), else MN-major (dS^T stored).
   using TiledMmaQ = decltype(make_tiled_mma(
-      gmma_ss<Element, kDqColsPerWarpgroup, kBlockN, GMMA::Major::MN, GMMA::Major::MN>(),
+      gmma_ss<Element, kDqColsPerWarpgroup, kBlockN, kSwapKV ? GMMA::Major::K : GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
 
   // The float32 dQ accumulator holds each (kBlockM, kDqCols) chunk in the dQ product's fragment order, as the
@@ -95,7 +118,8 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // Q and dO rows are read K-major by S^T / dP^T and, transposed, MN-major by dK / dV in column slices of
   // kHeadDim / kDimGroups. K is read K-major by S^T and, transposed, MN-major by dQ in column slices of
   // kDqColsPerWarpgroup. Each swizzle width must divide its slices.
-  using SmemAtomQ = GmmaAtomK<Element, kHeadDim / kDimGroups>;
+  // (kSwapKV: the dQ conversion stores its chunks' kDqColsPerWarpgroup columns into Q's layout too.)
+  using SmemAtomQ = GmmaAtomK<Element, kSwapKV ? kDqColsPerWarpgroup : kHeadDim / kDimGroups>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutQs = decltype(tile_to_shape(SmemAtomQ{},
                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
@@ -117,11 +141,23 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // dS^T (and P^T) are stored as the registers hold them (keys x queries, queries contiguous): read K-major by
   // dK (dV), and dS^T, transposed, MN-major by dQ.
   // A stage mode last, as for Q: the stage then only offsets each descriptor (a runtime base would rebuild them).
-  using SmemLayoutdSt = decltype(tile_to_shape(GmmaAtomK<Element, kBlockM>{},
-                                               Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsStages>>{}));
-  using SmemLayoutdS = decltype(composition(
-      SmemLayoutdSt{},
-      make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}, Step<_2, _1, _3>{})));
+  // kSwapKV: dS and P are stored queries x keys (keys contiguous, swizzled within a warpgroup's 48), read K-major
+  // by dQ and, transposed, MN-major by dK^T (dV^T).
+  using SmemLayoutdStUnswapped = decltype(tile_to_shape(GmmaAtomK<Element, kBlockM>{},
+                                                        Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsStages>>{}));
+  using SmemLayoutdSSwapped = decltype(tile_to_shape(GmmaAtomK<Element, kBlockN / kWarpgroups>{},
+                                                     Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}));
+  using SmemLayoutdSt = std::conditional_t<
+      kSwapKV,
+      decltype(composition(SmemLayoutdSSwapped{},
+                           make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsStages>>{}, Step<_2, _1, _3>{}))),
+      SmemLayoutdStUnswapped>;
+  using SmemLayoutdS = std::conditional_t<
+      kSwapKV, SmemLayoutdSSwapped,
+      decltype(composition(SmemLayoutdStUnswapped{},
+                           make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}, Step<_2, _1, _3>{})))>;
+  // The layout the registers store (S^T's, or kSwapKV S's orientation).
+  using SmemLayoutPdSStored = std::conditional_t<kSwapKV, SmemLayoutdS, SmemLayoutdSt>;
   // Register -> shared stores of accumulator pairs (dK, dV, dQ in its conversion; dS^T and P^T in the cp.async
   // kernels).
   using SmemStoreC = Copy_Atom<SharedStore32, Element>;
@@ -146,8 +182,8 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     alignas(1024) Element dout[cosize_v<SmemLayoutdOs>];
     alignas(1024) Element k[cosize_v<SmemLayoutKV>];  // reused for dK in the epilogue
     alignas(1024) Element v[cosize_v<SmemLayoutV>];   // reused for dV in the epilogue
-    // dS^T (every stage), then (kSplitHeadDim) P^T (every stage).
-    alignas(1024) Element ds[(kSplitHeadDim ? 2 : 1) * cosize_v<SmemLayoutdSt>];
+    // dS^T (every stage), then (kSplitHeadDim) P^T (every stage); kSwapKV: dS, then P, queries x keys.
+    alignas(1024) Element ds[(kPtInSmem ? 2 : 1) * cosize_v<SmemLayoutdSt>];
     // Per Q stage: lse_log2 then D of its kBlockM rows (as in the portable family).
     alignas(1024) float rows[kStages * 2 * kBlockM];
     // Per Q stage: complete once every thread's cp.async copies into it have landed (one arrival per thread), or
@@ -157,7 +193,7 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes == (kStages * kBlockM * (kHeadDim + kHeadDimV) + kBlockN * (kHeadDim + kHeadDimV) +
-                                kDsStages * (kSplitHeadDim ? 2 : 1) * kBlockN * kBlockM) * 2 +
+                                kDsStages * (kPtInSmem ? 2 : 1) * kBlockN * kBlockM) * 2 +
                                   ((kStages * (2 * kBlockM * 4 + 8) + 8 + 1023) / 1024) * 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
