@@ -142,6 +142,7 @@ BWD_SM90 = [
     # Candidate (priority 0: FLASHCUTE_CONFIG only), not yet run on a GPU: FA3's and FA4's hd192 tile, 96 keys, 48
     # per warpgroup, S not transposed and dK^T / dV^T with the head dim as the wgmma rows (BwdTraits::kSwapKV).
     ("sm90", "bwd", 192, 64, 96, 8, 1, 0, "candidate: 218 KB"),
+    ("sm90", "bwd", (192, 128), 64, 96, 8, 1, 0, "candidate: 190 KB"),
 ]
 
 # Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with
