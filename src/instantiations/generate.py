@@ -39,12 +39,16 @@ def smem_bytes(family, direction, head_dim, block_m, block_n, warps, head_dim_v=
         # Q and dO stages (two when the warpgroups split the head dim: block_n 64, more than one warpgroup; else
         # three), K, V, two stages of dS^T and, split, P^T (16-bit); then per Q stage its row terms (float32) and
         # mbarrier, and the key tile's mbarrier, padded to 1 KB.
-        # Swapped (block_n 48 per warpgroup, FA3's and FA4's hd192 tile): two stages, P and dS both stored.
+        # Swapped (block_n 48 per warpgroup, FA3's and FA4's hd192 tile): two Q stages, one dO stage, one stage of
+        # P and dS, both stored.
         split = block_n == 64 and warps > 4
         swap = block_n == 48 * (warps // 4)
         stages = 2 if split or swap else 3
-        rows = (stages * (2 * block_m * 4 + 8) + 8 + 1023) // 1024 * 1024
-        tiles = (stages * block_m + block_n) * (head_dim + dv) + 2 * (2 if split or swap else 1) * block_n * block_m
+        do_stages = 1 if swap else stages
+        ds_stages = 1 if swap else 2
+        rows = (stages * (2 * block_m * 4 + 8) + 16 + 1023) // 1024 * 1024
+        tiles = (block_m * (stages * head_dim + do_stages * dv) + block_n * (head_dim + dv) +
+                 ds_stages * (2 if split or swap else 1) * block_n * block_m)
         return tiles * 2 + rows
     if direction == "bwd":
         return K.bwd_smem_bytes(head_dim, block_m, block_n, warps, v_in_regs)

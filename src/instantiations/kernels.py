@@ -139,10 +139,12 @@ BWD_SM90 = [
     # DeepSeek's (192, 128): V, dO and dV 128 wide, 1.06-1.12x the padded hd192 kernel (eighteenth session, run 3).
     ("sm90", "bwd", (192, 128), 64, 64, 8, 1, 3, "154 KB"),
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "226 KB"),
-    # Candidate (priority 0: FLASHCUTE_CONFIG only), not yet run on a GPU: FA3's and FA4's hd192 tile, 96 keys, 48
-    # per warpgroup, S not transposed and dK^T / dV^T with the head dim as the wgmma rows (BwdTraits::kSwapKV).
-    ("sm90", "bwd", 192, 64, 96, 8, 1, 0, "candidate: 218 KB"),
-    ("sm90", "bwd", (192, 128), 64, 96, 8, 1, 0, "candidate: 190 KB"),
+    # Candidate (priority 0: FLASHCUTE_CONFIG only): FA3's and FA4's hd192 tile, 96 keys, 48 per warpgroup, S not
+    # transposed and dK^T / dV^T with the head dim as the wgmma rows, one dO stage and one P / dS stage, so that the
+    # dQ writer's buffer fits beside it (BwdTraits::kSwapKV). With two of each and dQ by atomics it ran 0.82-0.91x
+    # the 64-key tile (bench/RESULTS.md, 2026-12-06 fifth session, run 1).
+    ("sm90", "bwd", 192, 64, 96, 8, 1, 0, "candidate: 169 KB"),
+    ("sm90", "bwd", (192, 128), 64, 96, 8, 1, 0, "candidate: 149 KB"),
 ]
 
 # Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with

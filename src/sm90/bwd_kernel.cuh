@@ -72,13 +72,28 @@ using WsTraits = std::conditional_t<kDqBufferFits<T>, T, typename T::template Wi
 template <class T>
 constexpr bool kDqWriter = T::kDqChunks == 1 && kDqBufferFits<WsTraits<T>>;
 // Where the default mode takes the writer kernel too: the 64-key tiles (hd192, (192, 128)), whose atomics cost the
-// MMA warps twice as much per product as the 128-key tiles' do. On an H100 the writer ran hd192 at 1.08-1.16x the
+// MMA warps twice as much per product as the 128-key tiles' do, and the 96-key ones (kSwapKV). On an H100 the writer ran hd192 at 1.08-1.16x the
 // atomics, and hd64 (two Q/dO stages) and hd128 at 0.92-1.04x (bench/RESULTS.md, 2026-12-06, third session).
 template <class T>
-constexpr bool kDqWriterDefault = kDqWriter<T> && T::kBlockN == 64;
+constexpr bool kDqWriterDefault = kDqWriter<T> && T::kBlockN < 128;
 
-// TMA (thread 0): Q and dO of query tile m of head h, batch b, into `stage`, with the rows' lse_log2 and D by bulk
-// copies; the stage's mbarrier completes once all have landed. A varlen sequence's first packed row is read here
+// TMA (thread 0): dO of query tile m of head h, batch b, into `stage`, signalling `full`.
+template <class T>
+__device__ __forceinline__ void bwd_load_do_tma(BwdParams<T> const& params, typename T::SharedStorage& smem,
+                                                uint64_t& full, int stage, int b, int h, int m) {
+  BwdKernelParams const& p = params.p;
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});  // (kBlockM, Dv, stage)
+  int const q_row0 = p.seq_spans ? p.seq_spans[b].q_row0 : 0;
+  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim_v, p.nheads, tma_batches(p)));
+  auto tma_do = params.tma_do.get_slice(_0{});
+  copy(params.tma_do.with(full),
+       tma_do.partition_S(local_tile(tma_sequence(p, mdO, h, b, q_row0), Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{},
+                                     make_coord(m, 0))),
+       tma_do.partition_D(sdO(_, _, stage)));
+}
+
+// TMA (thread 0): Q and (but kOneDoStage) dO of query tile m of head h, batch b, into `stage`, with the rows'
+// lse_log2 and D by bulk copies; the stage's mbarrier completes once all have landed. A varlen sequence's first packed row is read here
 // from the table rather than kept in a register across the walk (which moved ptxas's allocation of the hd128
 // kernel).
 template <class T>
@@ -89,20 +104,14 @@ __device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, t
   uint64_t& full = smem.full[stage];
   cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full, T::kStageTmaBytes);
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename T::SmemLayoutQs{});      // (kBlockM, D, stage)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});  // (kBlockM, Dv, stage)
   int const q_row0 = p.seq_spans ? p.seq_spans[b].q_row0 : 0;
   Tensor mQ = params.tma_q.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim, p.nheads, tma_batches(p)));
-  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim_v, p.nheads, tma_batches(p)));
   auto tma_q = params.tma_q.get_slice(_0{});
-  auto tma_do = params.tma_do.get_slice(_0{});
   copy(params.tma_q.with(full),
        tma_q.partition_S(local_tile(tma_sequence(p, mQ, h, b, q_row0), Shape<Int<kBlockM>, Int<T::kHeadDim>>{},
                                     make_coord(m, 0))),
        tma_q.partition_D(sQ(_, _, stage)));
-  copy(params.tma_do.with(full),
-       tma_do.partition_S(local_tile(tma_sequence(p, mdO, h, b, q_row0), Shape<Int<kBlockM>, Int<T::kHeadDimV>>{},
-                                     make_coord(m, 0))),
-       tma_do.partition_D(sdO(_, _, stage)));
+  if constexpr (!T::kOneDoStage) bwd_load_do_tma(params, smem, full, stage, b, h, m);
   int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM;  // 256-byte aligned
   float* const rows = smem.rows + stage * 2 * kBlockM;
   SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &full, rows, kBlockM * sizeof(float));
@@ -192,10 +201,26 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
       return;
     }
     load_rows(tQsQ(_, _, _, stage), tile_q, tQcQ, q_base, p.q_head_stride, p.q_row_stride, p.head_dim, h, m);
-    load_rows(tdOsdO(_, _, _, stage), tile_do, tdOcdO, do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v,
-              h, m);
+    if constexpr (!T::kOneDoStage)
+      load_rows(tdOsdO(_, _, _, stage), tile_do, tdOcdO, do_base, p.dout_head_stride, p.dout_row_stride,
+                p.head_dim_v, h, m);
     load_row_terms<kBlockM>(p, b, h, m, smem.rows + stage * 2 * kBlockM);
     cutlass::arch::cpasync_barrier_arrive_noinc(&smem.full[stage]);
+  };
+  // kOneDoStage: dO of flat iteration `it` into its one stage, signalling smem.do_full.
+  auto load_do = [&](int it) __attribute__((always_inline)) {
+    int h, m;
+    blk.tile_of(it, h, m);
+    if constexpr (kTma) {
+      if (cutlass::canonical_warp_idx_sync() == 0 && cute::elect_one_sync()) {
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.do_full, T::kDoTmaBytes);
+        bwd_load_do_tma(params, smem, smem.do_full, 0, b, h, m);
+      }
+      return;
+    }
+    load_rows(tdOsdO(_, _, _, 0), tile_do, tdOcdO, do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, h,
+              m);
+    cutlass::arch::cpasync_barrier_arrive_noinc(&smem.do_full);
   };
 
   if (num_iters > 0) {
@@ -227,6 +252,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     CUTE_UNROLL
     for (int it = 0; it < T::kStages - 1; ++it)
       if (it < num_iters) load_q_do(it);
+    if constexpr (T::kOneDoStage) load_do(0);
     if constexpr (kTma) cutlass::arch::ClusterBarrier::wait(&smem.key_tile_full, key_tiles++ & 1);
   }
 
@@ -274,7 +300,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     int const m0 = m * kBlockM;
     int const stage = (ring + it) % T::kStages;
     int64_t const bh = (int64_t)b * p.nheads + h;
-    int const ds_stage = it & 1;  // the other dS stage may still be read by the other warpgroup's previous step
+    int const do_stage = T::kOneDoStage ? 0 : stage;
+    // The other dS stage may still be read by the other warpgroup's previous step (one stage: see kOneDoStage).
+    int const ds_stage = T::kDsStages == 1 ? 0 : it & 1;
     // Issued right after this step's shared-memory barrier: every warp past it is done with step it - 1, whose
     // stage this refills with step it + kStages - 1.
     auto load_ahead = [&] {
@@ -304,11 +332,11 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     };
     auto const s_ops = operands_sdp(sm.k, typename T::SmemLayoutKV{}, sm.q, typename T::SmemLayoutQs{});
     auto const dp_ops = operands_sdp(sm.v, typename T::SmemLayoutV{}, sm.dout, typename T::SmemLayoutdOs{});
-    auto const issue_sdp = [&](auto const& ops, auto& acc) __attribute__((always_inline)) {
+    auto const issue_sdp = [&](auto const& ops, auto& acc, int st) __attribute__((always_inline)) {
       if constexpr (kSwap)
-        warpgroup_issue<true, false>(mma_sdp, get<0>(ops)(_, _, _, stage), get<1>(ops), acc);
+        warpgroup_issue<true, false>(mma_sdp, get<0>(ops)(_, _, _, st), get<1>(ops), acc);
       else
-        warpgroup_issue<true, false>(mma_sdp, get<0>(ops), get<1>(ops)(_, _, _, stage), acc);
+        warpgroup_issue<true, false>(mma_sdp, get<0>(ops), get<1>(ops)(_, _, _, st), acc);
     };
     // dV, dK: (A, B) = (P^T or dS^T, dO or Q read MN-major), or kSwapKV (dO^T or Q^T, P^T or dS^T read MN-major).
     auto const operands_grad = [&](auto& thr, auto* pds, auto* rows, auto rows_t_layout) {
@@ -322,21 +350,23 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     auto const dv_ops = operands_grad(thr_dv, sm_p, sm.dout, typename T::SmemLayoutdOst{});
     auto const dk_ops = operands_grad(thr_kv, sm.ds, sm.q, typename T::SmemLayoutQst{});
     // dV or dK from shared memory alone (kSplitHeadDim, kSwapKV), or with P^T / dS^T from registers (a_regs).
-    auto const issue_grad = [&](auto& mma, auto const& ops, auto& acc) __attribute__((always_inline)) {
+    // st: the stage of the Q or dO rows read.
+    auto const issue_grad = [&](auto& mma, auto const& ops, auto& acc, int st) __attribute__((always_inline)) {
       if constexpr (kSwap)
-        warpgroup_issue<false, false>(mma, get<0>(ops)(_, _, _, stage), get<1>(ops)(_, _, _, ds_stage), acc);
+        warpgroup_issue<false, false>(mma, get<0>(ops)(_, _, _, st), get<1>(ops)(_, _, _, ds_stage), acc);
       else
-        warpgroup_issue<false, false>(mma, get<0>(ops)(_, _, _, ds_stage), get<1>(ops)(_, _, _, stage), acc);
+        warpgroup_issue<false, false>(mma, get<0>(ops)(_, _, _, ds_stage), get<1>(ops)(_, _, _, st), acc);
     };
-    auto const issue_grad_regs = [&](auto& mma, auto const& a_regs, auto const& ops, auto& acc)
+    auto const issue_grad_regs = [&](auto& mma, auto const& a_regs, auto const& ops, auto& acc, int st)
                                      __attribute__((always_inline)) {
-      warpgroup_issue<false, true>(mma, a_regs, get<1>(ops)(_, _, _, stage), acc);
+      warpgroup_issue<false, true>(mma, a_regs, get<1>(ops)(_, _, _, st), acc);
     };
 
     Tensor acc_s = partition_fragment_C(mma_sdp, tile_st);   // (MMA, MMA_N, MMA_M)
     Tensor acc_dp = partition_fragment_C(mma_sdp, tile_st);  // (MMA, MMA_N, MMA_M)
-    issue_sdp(s_ops, acc_s);
-    issue_sdp(dp_ops, acc_dp);
+    issue_sdp(s_ops, acc_s, stage);
+    if constexpr (T::kOneDoStage) cutlass::arch::ClusterBarrier::wait(&smem.do_full, (ring + it) & 1);
+    issue_sdp(dp_ops, acc_dp, do_stage);
     if constexpr (kWarpTurns) {
       if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
     }
@@ -374,7 +404,9 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     // Register -> shared stores into this step's dS stage, picked at compile time so every address is a constant
     // offset (ptxas, hd128: 8 B of spills against 24 B with the stage as a runtime index).
     auto store_ds_stage = [&](auto const& r, auto& dst) __attribute__((always_inline)) {
-      if (ds_stage)
+      if constexpr (T::kDsStages == 1)
+        cute::copy(sts_ds, sts_ds_thr.retile_S(r), dst(_, _, _, _0{}));
+      else if (ds_stage)
         cute::copy(sts_ds, sts_ds_thr.retile_S(r), dst(_, _, _, _1{}));
       else
         cute::copy(sts_ds, sts_ds_thr.retile_S(r), dst(_, _, _, _0{}));
@@ -389,10 +421,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
       cutlass::arch::fence_view_async_shared();
       mma_barrier();  // every warpgroup's P^T and dS^T columns (kSwapKV: P, dS keys) are in shared memory
       load_ahead();
-      issue_grad(mma_dv, dv_ops, acc_dv);
+      issue_grad(mma_dv, dv_ops, acc_dv, do_stage);
     } else {
       Tensor tVrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_N, MMA_M / 16)
-      issue_grad_regs(mma_dv, tVrP, dv_ops, acc_dv);
+      issue_grad_regs(mma_dv, tVrP, dv_ops, acc_dv, do_stage);
       store_ds_stage(rdS, tdSsdS);
       cutlass::arch::fence_view_async_shared();
       mma_barrier();  // every warpgroup's dS^T rows are in shared memory, for wgmma
@@ -408,12 +440,16 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
       warpgroup_issue<true, false>(mma_dq, tQrdS(_, _, _, ds_stage), tQrKt, acc_dq);
       if constexpr (decltype(issue_dk)::value) {
         if constexpr (T::kPtInSmem) {
-          issue_grad(mma_kv, dk_ops, acc_dk);
+          issue_grad(mma_kv, dk_ops, acc_dk, stage);
         } else {
           Tensor tKrdS = make_tensor(rdS.data(), acc_as_a_operand(rdS.layout()));
-          issue_grad_regs(mma_kv, tKrdS, dk_ops, acc_dk);
+          issue_grad_regs(mma_kv, tKrdS, dk_ops, acc_dk, stage);
         }
         warpgroup_wait_for<1>(acc_dv, acc_dq, rP);
+        if constexpr (T::kOneDoStage) {
+          mma_barrier();  // every warpgroup's dV and dQ are done: dO's stage and the dS stage are free
+          if (it + 1 < num_iters) load_do(it + 1);
+        }
         // The first chunk's atomics wait for this query tile's turn, under the dK product.
         if constexpr (kWarpTurns) {
           if (p.dq_turns) {
@@ -474,6 +510,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
     CUTE_UNROLL
     for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], kTma ? 1 : T::kThreads);
     cutlass::arch::ClusterBarrier::init(&smem.key_tile_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.do_full, kTma ? 1 : T::kThreads);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -524,6 +561,7 @@ __global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_ws_kernel(__grid_con
     CUTE_UNROLL
     for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], 1);
     cutlass::arch::ClusterBarrier::init(&smem.key_tile_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.do_full, 1);
     cutlass::arch::ClusterBarrier::init(&smem.dq_full, T::kThreads);
     cutlass::arch::ClusterBarrier::init(&smem.dq_empty, 1);
     cutlass::arch::fence_barrier_init();

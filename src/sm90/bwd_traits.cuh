@@ -48,7 +48,13 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   using WithStages = BwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kWarps_, kHeadDimV_, kStagesWith>;
   // dS^T (and P^T) alternate between two buffers, so a warpgroup may store step i's while the other still reads
   // step i - 1's.
-  static constexpr int kDsStages = 2;
+  // kSwapKV takes FA3's and FA4's hd192 stages instead: one dO stage and one dS / P stage, which leave room beside
+  // the tile for the dQ writer's float32 buffer (bwd_ws_kernel). Each step then passes one more barrier, once every
+  // warpgroup's dV and dQ are done: after it dO of the next step loads, and the dS stage (which every warpgroup's
+  // dQ reads) may be stored again; P is read by its own warpgroup's dV alone.
+  static constexpr bool kOneDoStage = kSwapKV;
+  static constexpr int kDoStages = kOneDoStage ? 1 : kStages;
+  static constexpr int kDsStages = kSwapKV ? 1 : 2;
   // Deterministic mode orders the CTAs' dQ additions by turns (common/bwd_dq_order.cuh) in every tile, in a kernel
   // of its own (bwd_kernel's kTurns): the turn code cost the default mode 0.4-2.3% at hd192 and hd256 and 3-4% at
   // hd64 (bench/RESULTS.md, fourteenth session), and a dQ slot per CTA, the other scheme, sends the additions to
@@ -127,9 +133,9 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
       SmemLayoutQs{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
   // dO as Q, at V's head dim.
   using SmemLayoutdOs = decltype(tile_to_shape(GmmaAtomK<Element, kHeadDimV / kDimGroups>{},
-                                               Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+                                               Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kDoStages>>{}));
   using SmemLayoutdOst = decltype(composition(
-      SmemLayoutdOs{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+      SmemLayoutdOs{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kDoStages>>{}, Step<_2, _1, _3>{})));
   using SmemLayoutKV =
       decltype(tile_to_shape(GmmaAtomK<Element, kDqColsPerWarpgroup>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   // V is read K-major by dP^T only (and holds dV in the epilogue).
@@ -172,7 +178,9 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   using TmaDO = RowsTma<Element, decltype(take<0, 2>(SmemLayoutdOs{})), kBlockM, kHeadDimV>;
   using TmaK = RowsTma<Element, SmemLayoutKV, kBlockN, kHeadDim>;
   using TmaV = RowsTma<Element, SmemLayoutV, kBlockN, kHeadDimV>;
-  static constexpr uint32_t kStageTmaBytes = kBlockM * (kHeadDim + kHeadDimV) * sizeof(Element) + 2 * kBlockM * 4;
+  static constexpr uint32_t kDoTmaBytes = kBlockM * kHeadDimV * sizeof(Element);
+  static constexpr uint32_t kStageTmaBytes =
+      kBlockM * kHeadDim * sizeof(Element) + (kOneDoStage ? 0 : kDoTmaBytes) + 2 * kBlockM * 4;
   static constexpr uint32_t kKeyTileTmaBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);
 
   static constexpr int kQElems = kBlockM * kHeadDim;
@@ -190,11 +198,13 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     // with TMA once its bytes have (one arrival, thread 0's).
     uint64_t full[kStages];
     uint64_t key_tile_full;  // TMA: K and V of the CTA's key tile have landed
+    uint64_t do_full;        // kOneDoStage: dO has landed (as full[] does for Q)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == (kStages * kBlockM * (kHeadDim + kHeadDimV) + kBlockN * (kHeadDim + kHeadDimV) +
-                                kDsStages * (kPtInSmem ? 2 : 1) * kBlockN * kBlockM) * 2 +
-                                  ((kStages * (2 * kBlockM * 4 + 8) + 8 + 1023) / 1024) * 1024,
+  static_assert(kSmemBytes == (kBlockM * (kStages * kHeadDim + kDoStages * kHeadDimV) +
+                                kBlockN * (kHeadDim + kHeadDimV) + kDsStages * (kPtInSmem ? 2 : 1) * kBlockN * kBlockM) *
+                                       2 +
+                                  ((kStages * (2 * kBlockM * 4 + 8) + 16 + 1023) / 1024) * 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
 
