@@ -152,6 +152,8 @@ BWD_SM90 = [
 FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 129 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
+    ("sm90", "fwd", 192, 128, 112, 8, 1, 0, "candidate: 217 KB"),
+    ("sm90", "fwd", 256, 128, 80, 8, 1, 0, "candidate: 225 KB"),
 ]
 
 # Query rows per head (min, max; None: unbounded) outside which a config does not compete in dispatch (a forced
