@@ -96,12 +96,11 @@ BWD_V_IN_REGS = {(256, 64, 32, 8)}
 # Forward, Hopper wgmma path (sm_90a: needs wgmma, which no other profile declares), warp-specialised: one consumer
 # warpgroup per 64 query rows plus a producer warpgroup (warps counts the consumers; TMA for fixed-length batches
 # and most paged caches, cp.async for varlen), two K/V stages, and an O buffer where it fits (kOwnO: all but hd192,
-# hd256 and the n176 candidate). block_n 128 (64 at hd256, 96 at hd192) measured fastest: larger tiles (hd64 n192,
-# hd128 n160/n176, hd192 n112, hd256 n80) were 2-20% slower at 16k except hd64 n192 (+5% at 16k, -7% at 1k), and
-# n176 / n80 spill (bench/RESULTS.md, eighth session, run 3). hd256 n80, FA4's tile, again on the persistent kernel
-# with FA4's 240 / 24 registers and with ours: 25-30% slower than n64 in both (twenty-seventh session).
-# H200, bf16, 16k tokens, persistent grid (bench/RESULTS.md, sixteenth session, run 3, with each config's spills, all
-# at tile boundaries): ÷ FA4 hd64 0.90-1.07, hd128 0.90-1.05, hd256 0.83-1.00.
+# hd256 and the n176 candidate). Key tiles whose width is no multiple of 32 (hd128 n176, hd192 n112, hd256 n80)
+# measured 2-30% slower until 2026-12-06 (bench/RESULTS.md, eighth and twenty-seventh sessions): CuTe had built their
+# S = Q K^T from 64 x 16 wgmmas (src/sm90/wgmma.cuh). As full-width wgmmas, hd192 n112 and hd256 n80 (FA3's and
+# FA4's tiles) run 1.00-1.15x n96 / n64 from 2k query rows, 0.95-1.04x at 1k: they serve from 2k (ROW_RANGES); hd128
+# n176 stays a candidate (0.80-1.08x n128, spilling 84 B). On an H100 (bench/RESULTS.md, 2026-12-06 seventh session).
 FWD_SM90 = [
     ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "97 KB"),
     # hd64 with 192 query rows: three consumer warpgroups taking turns (160 registers each), FA3's and FA4's hd64
@@ -111,11 +110,13 @@ FWD_SM90 = [
     ("sm90", "fwd", 96, 128, 128, 8, 1, 3, "145 KB"),
     ("sm90", "fwd", 128, 128, 128, 8, 1, 3, "193 KB"),
     ("sm90", "fwd", 192, 128, 96, 8, 1, 3, "193 KB"),
+    ("sm90", "fwd", 192, 128, 112, 8, 1, 4, "217 KB, from 2k query rows"),
     # DeepSeek's (192, 128): V and O at their own head dim (a 128-wide P.V and O), 128 keys per tile as FA4 takes:
     # 1.05-1.29x the padded hd192 kernel; 112 keys (room for an O buffer) ran 0.56-0.87x these (bench/RESULTS.md,
     # eighteenth session, runs 2-3).
     ("sm90", "fwd", (192, 128), 128, 128, 8, 1, 3, "209 KB"),
     ("sm90", "fwd", 256, 128, 64, 8, 1, 3, "193 KB"),
+    ("sm90", "fwd", 256, 128, 80, 8, 1, 4, "225 KB, from 2k query rows"),
     # At most 64 query rows per head (decode, its query heads packed): one consumer warpgroup halves the MMA work per
     # K/V tile, which at 128 rows takes about as long as the tile's load at the H200's per-SM bandwidth; decode ran
     # 1.08-1.19x the 128-row tile (bench/RESULTS.md, twelfth session, run 2).
@@ -135,25 +136,24 @@ BWD_SM90 = [
     # deterministic (bench/RESULTS.md, twenty-fourth session, run 8; twenty-fifth, runs 1-3).
     ("sm90", "bwd", 64, 128, 128, 8, 1, 4, "195 KB"),
     ("sm90", "bwd", 128, 64, 128, 8, 1, 3, "194 KB (8 B)"),
-    ("sm90", "bwd", 192, 64, 64, 8, 1, 3, "178 KB"),
+    # hd192: FA3's and FA4's tile, 96 keys, 48 per warpgroup, S not transposed and dK^T / dV^T with the head dim as
+    # the wgmma rows, one dO stage and one P / dS stage, so that the dQ writer's buffer fits beside it
+    # (BwdTraits::kSwapKV): 1.12-1.25x the 64-key tile it replaced, deterministic 1.23-1.40x (bench/RESULTS.md,
+    # 2026-12-06 seventh session; before full-width wgmmas, 0.81-0.91x).
+    ("sm90", "bwd", 192, 64, 96, 8, 1, 3, "169 KB"),
     # DeepSeek's (192, 128): V, dO and dV 128 wide, 1.06-1.12x the padded hd192 kernel (eighteenth session, run 3).
     ("sm90", "bwd", (192, 128), 64, 64, 8, 1, 3, "154 KB"),
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "226 KB"),
-    # Candidate (priority 0: FLASHCUTE_CONFIG only): FA3's and FA4's hd192 tile, 96 keys, 48 per warpgroup, S not
-    # transposed and dK^T / dV^T with the head dim as the wgmma rows, one dO stage and one P / dS stage, so that the
-    # dQ writer's buffer fits beside it (BwdTraits::kSwapKV). With two of each and dQ by atomics it ran 0.82-0.91x
-    # the 64-key tile (bench/RESULTS.md, 2026-12-06 fifth session, run 1).
-    ("sm90", "bwd", 192, 64, 96, 8, 1, 0, "candidate: 169 KB"),
+    # Candidate (priority 0: FLASHCUTE_CONFIG only), not yet timed: the 96-key tile at (192, 128).
     ("sm90", "bwd", (192, 128), 64, 96, 8, 1, 0, "candidate: 149 KB"),
 ]
 
 # Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with
-# the 24 / 240 register split (src/sm90/fwd_traits.cuh), for an A/B against the shipped 128-key tiles.
+# the 24 / 240 register split (src/sm90/fwd_traits.cuh), for an A/B against the shipped 128-key tiles: hd64 n192
+# (+5% at 16k, -7% at 1k, bench/RESULTS.md eighth session) and hd128 n176 (above).
 FWD_SM90_CANDIDATES = [
     ("sm90", "fwd", 64, 128, 192, 8, 1, 0, "candidate: 129 KB"),
     ("sm90", "fwd", 128, 128, 176, 8, 1, 0, "candidate: 209 KB"),
-    ("sm90", "fwd", 192, 128, 112, 8, 1, 0, "candidate: 217 KB"),
-    ("sm90", "fwd", 256, 128, 80, 8, 1, 0, "candidate: 225 KB"),
 ]
 
 # Query rows per head (min, max; None: unbounded) outside which a config does not compete in dispatch (a forced
@@ -161,6 +161,8 @@ FWD_SM90_CANDIDATES = [
 # config serves any rows, so each head dim keeps a config for every row count (tests/cpp/test_dispatch.cpp).
 ROW_RANGES = {
     ("sm90", "fwd", 64, 192, 128, 12): (4096, None),
+    ("sm90", "fwd", 192, 128, 112, 8): (2048, None),
+    ("sm90", "fwd", 256, 128, 80, 8): (2048, None),
     ("sm90", "fwd", 128, 64, 128, 4): (None, 64),
     ("sm80", "fwd", 128, 128, 64, 4): (65, None),
     ("sm80", "fwd", 128, 128, 32, 4): (65, None),

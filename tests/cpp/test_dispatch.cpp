@@ -72,12 +72,13 @@ TEST(Dispatch, ForwardCoversEveryHeadDimOnEveryProfile) {
 }
 
 // Row ranges (kernels.py ROW_RANGES) narrow some configs; every row count still finds a config, and on Hopper the
-// narrowed ones win where they apply: 64-row tiles for decode-sized rows, 192-row tiles at hd64 from 4k rows.
+// narrowed ones win where they apply: 64-row tiles for decode-sized rows, 192-row tiles at hd64 from 4k rows, the
+// wider key tiles at hd192 and hd256 from 2k rows.
 TEST(Dispatch, EveryRowCountFindsAConfigAndRangesApply) {
   for (auto const& profile : arch::kProfiles)
     for (auto dir : {FLASHCUTE_FORWARD, FLASHCUTE_BACKWARD})
-      for (int hd : {64, 128, 256})
-        for (int rows : {0, 1, 64, 65, 4095, 4096, 1 << 20}) {
+      for (int hd : {64, 128, 192, 256})
+        for (int rows : {0, 1, 64, 65, 2047, 2048, 4095, 4096, 1 << 20}) {
           std::string why;
           KernelConfig const* c = select_config(Problem{dir, FLASHCUTE_BFLOAT16, hd, rows}, profile, &why);
           if (!c) continue;  // e.g. a profile without the backward's shared memory at this head dim
@@ -97,6 +98,10 @@ TEST(Dispatch, EveryRowCountFindsAConfigAndRangesApply) {
   EXPECT_EQ(name(128, 65), "sm90_fwd_bf16_hd128_m128n128w8");
   EXPECT_EQ(name(64, 4095), "sm90_fwd_bf16_hd64_m128n128w8");
   EXPECT_EQ(name(64, 4096), "sm90_fwd_bf16_hd64_m192n128w12");
+  EXPECT_EQ(name(192, 2047), "sm90_fwd_bf16_hd192_m128n96w8");
+  EXPECT_EQ(name(192, 2048), "sm90_fwd_bf16_hd192_m128n112w8");
+  EXPECT_EQ(name(256, 2047), "sm90_fwd_bf16_hd256_m128n64w8");
+  EXPECT_EQ(name(256, 2048), "sm90_fwd_bf16_hd256_m128n80w8");
   // The portable 64-row decode tiles: 64x128 where two 80 KB CTAs fit an SM, 64x64 on the 99 KB parts.
   auto portable = [&](int sm, int rows) {
     KernelConfig const* c = select_config(Problem{FLASHCUTE_FORWARD, FLASHCUTE_BFLOAT16, 128, rows},
@@ -128,12 +133,12 @@ TEST(Dispatch, ConfigsWithTheirOwnVHeadDimServeOnlyTheDimsTheyCover) {
     for (int hd : {64, 128, 192})
       EXPECT_EQ(name(90, FLASHCUTE_FORWARD, hd, hd_v).find("n176"), std::string::npos) << hd << " " << hd_v;
   EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 160, 128), "sm90_fwd_bf16_hd192v128_m128n128w8");
-  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 192), "sm90_fwd_bf16_hd192_m128n96w8");
-  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 0), "sm90_fwd_bf16_hd192_m128n96w8");
-  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 136), "sm90_fwd_bf16_hd192_m128n96w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 192), "sm90_fwd_bf16_hd192_m128n112w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 0), "sm90_fwd_bf16_hd192_m128n112w8");
+  EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 192, 136), "sm90_fwd_bf16_hd192_m128n112w8");
   EXPECT_EQ(name(90, FLASHCUTE_FORWARD, 128, 128), "sm90_fwd_bf16_hd128_m128n128w8");
   EXPECT_EQ(name(90, FLASHCUTE_BACKWARD, 192, 128), "sm90_bwd_bf16_hd192v128_m64n64w8");
-  EXPECT_EQ(name(90, FLASHCUTE_BACKWARD, 192, 192), "sm90_bwd_bf16_hd192_m64n64w8");
+  EXPECT_EQ(name(90, FLASHCUTE_BACKWARD, 192, 192), "sm90_bwd_bf16_hd192_m64n96w8");
   // The portable family has no such configs: it pads V to the larger head dim.
   int count = 0;
   KernelConfig const* table = all_configs(&count);
