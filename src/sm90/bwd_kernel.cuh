@@ -71,9 +71,10 @@ template <class T>
 using WsTraits = std::conditional_t<kDqBufferFits<T>, T, typename T::template WithStages<2>>;
 template <class T>
 constexpr bool kDqWriter = T::kDqChunks == 1 && kDqBufferFits<WsTraits<T>>;
-// Where the default mode takes the writer kernel too: the 64-key tiles (hd192, (192, 128)), whose atomics cost the
-// MMA warps twice as much per product as the 128-key tiles' do, and the 96-key ones (kSwapKV). On an H100 the writer ran hd192 at 1.08-1.16x the
-// atomics, and hd64 (two Q/dO stages) and hd128 at 0.92-1.04x (bench/RESULTS.md, 2026-12-06, third session).
+// Where the default mode takes the writer kernel too: the tiles of fewer than 128 keys (hd192's 96, (192, 128)'s 64),
+// whose atomics cost the MMA warps more per product than the 128-key tiles' do. On an H100 the writer ran the 64-key
+// hd192 tile at 1.08-1.16x the atomics, and hd64 (two Q/dO stages) and hd128 at 0.92-1.04x (bench/RESULTS.md,
+// 2026-12-06, third session).
 template <class T>
 constexpr bool kDqWriterDefault = kDqWriter<T> && T::kBlockN < 128;
 
@@ -93,9 +94,9 @@ __device__ __forceinline__ void bwd_load_do_tma(BwdParams<T> const& params, type
 }
 
 // TMA (thread 0): Q and (but kOneDoStage) dO of query tile m of head h, batch b, into `stage`, with the rows'
-// lse_log2 and D by bulk copies; the stage's mbarrier completes once all have landed. A varlen sequence's first packed row is read here
-// from the table rather than kept in a register across the walk (which moved ptxas's allocation of the hd128
-// kernel).
+// lse_log2 and D by bulk copies; the stage's mbarrier completes once all have landed. A varlen sequence's first
+// packed row is read here from the table rather than kept in a register across the walk (which moved ptxas's
+// allocation of the hd128 kernel).
 template <class T>
 __device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, typename T::SharedStorage& smem,
                                                 int stage, int b, int h, int m) {

@@ -156,12 +156,14 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   using SmemLayoutdSt = std::conditional_t<
       kSwapKV,
       decltype(composition(SmemLayoutdSSwapped{},
-                           make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsStages>>{}, Step<_2, _1, _3>{}))),
+                           make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kDsStages>>{},
+                                               Step<_2, _1, _3>{}))),
       SmemLayoutdStUnswapped>;
   using SmemLayoutdS = std::conditional_t<
       kSwapKV, SmemLayoutdSSwapped,
       decltype(composition(SmemLayoutdStUnswapped{},
-                           make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{}, Step<_2, _1, _3>{})))>;
+                           make_ordered_layout(Shape<Int<kBlockM>, Int<kBlockN>, Int<kDsStages>>{},
+                                               Step<_2, _1, _3>{})))>;
   // The layout the registers store (S^T's, or kSwapKV S's orientation).
   using SmemLayoutPdSStored = std::conditional_t<kSwapKV, SmemLayoutdS, SmemLayoutdSt>;
   // Register -> shared stores of accumulator pairs (dK, dV, dQ in its conversion; dS^T and P^T in the cp.async
@@ -201,10 +203,10 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
     uint64_t do_full;        // kOneDoStage: dO has landed (as full[] does for Q)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes == (kBlockM * (kStages * kHeadDim + kDoStages * kHeadDimV) +
-                                kBlockN * (kHeadDim + kHeadDimV) + kDsStages * (kPtInSmem ? 2 : 1) * kBlockN * kBlockM) *
-                                       2 +
-                                  ((kStages * (2 * kBlockM * 4 + 8) + 16 + 1023) / 1024) * 1024,
+  static constexpr int kTileElements = kBlockM * (kStages * kHeadDim + kDoStages * kHeadDimV) +
+                                       kBlockN * (kHeadDim + kHeadDimV) +
+                                       kDsStages * (kPtInSmem ? 2 : 1) * kBlockN * kBlockM;
+  static_assert(kSmemBytes == kTileElements * 2 + ((kStages * (2 * kBlockM * 4 + 8) + 16 + 1023) / 1024) * 1024,
                 "must match smem_bytes() in src/instantiations/generate.py, which dispatch reads");
 };
 
