@@ -73,7 +73,7 @@ struct BwdWorkspace {
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     BwdWorkspace w{};
     w.seqlen_q_rounded = round(seqlen_q, kRowAlign);
-    // Key tiles of 96 (the Hopper hd192 candidate, kSwapKV) do not divide kRowAlign: their last tile's rows must
+    // Key tiles of 96 (the Hopper hd192 tile, kSwapKV) do not divide kRowAlign: their last tile's rows must
     // still lie in the sequence's rounded rows (GQA's float32 dK/dV accumulators).
     w.seqlen_k_rounded = round(seqlen_k, std::lcm<int64_t>(kRowAlign, block_n));
     w.head_dim_rounded = tile_head_dim;
