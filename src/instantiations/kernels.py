@@ -99,8 +99,9 @@ BWD_V_IN_REGS = {(256, 64, 32, 8)}
 # hd256 and the n176 candidate). Key tiles whose width is no multiple of 32 (hd128 n176, hd192 n112, hd256 n80)
 # measured 2-30% slower until 2026-12-06 (bench/RESULTS.md, eighth and twenty-seventh sessions): CuTe had built their
 # S = Q K^T from 64 x 16 wgmmas (src/sm90/wgmma.cuh). As full-width wgmmas, hd192 n112 and hd256 n80 (FA3's and
-# FA4's tiles) run 1.00-1.15x n96 / n64 from 2k query rows, 0.95-1.04x at 1k: they serve from 2k (ROW_RANGES); hd128
-# n176 stays a candidate (0.80-1.08x n128, spilling 84 B). On an H100 (bench/RESULTS.md, 2026-12-06 seventh session).
+# FA4's tiles) ran 0.95-1.15x n96 / n64 from 2k query rows (1.00-1.15x in the run beside FA4), 0.92-1.04x at 1k: they
+# serve from 2k (ROW_RANGES); hd128 n176 stays a candidate (0.80-1.08x n128, spilling 84 B). On an H100
+# (bench/RESULTS.md, 2026-12-06 seventh session).
 FWD_SM90 = [
     ("sm90", "fwd", 64, 128, 128, 8, 1, 3, "97 KB"),
     # hd64 with 192 query rows: three consumer warpgroups taking turns (160 registers each), FA3's and FA4's hd64
