@@ -78,13 +78,13 @@ constexpr bool kDqWriter = T::kDqChunks == 1 && kDqBufferFits<WsTraits<T>>;
 template <class T>
 constexpr bool kDqWriterDefault = kDqWriter<T> && T::kBlockN < 128;
 
-// TMA (thread 0): dO of query tile m of head h, batch b, into `stage`, signalling `full`.
+// TMA (thread 0): dO of query tile m of head h, batch b (whose first packed row is q_row0), into `stage`,
+// signalling `full`.
 template <class T>
 __device__ __forceinline__ void bwd_load_do_tma(BwdParams<T> const& params, typename T::SharedStorage& smem,
-                                                uint64_t& full, int stage, int b, int h, int m) {
+                                                uint64_t& full, int stage, int b, int h, int m, int q_row0) {
   BwdKernelParams const& p = params.p;
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutdOs{});  // (kBlockM, Dv, stage)
-  int const q_row0 = p.seq_spans ? p.seq_spans[b].q_row0 : 0;
   Tensor mdO = params.tma_do.get_tma_tensor(make_shape(tma_rows_q(p), p.head_dim_v, p.nheads, tma_batches(p)));
   auto tma_do = params.tma_do.get_slice(_0{});
   copy(params.tma_do.with(full),
@@ -112,7 +112,7 @@ __device__ __forceinline__ void bwd_load_stage_tma(BwdParams<T> const& params, t
        tma_q.partition_S(local_tile(tma_sequence(p, mQ, h, b, q_row0), Shape<Int<kBlockM>, Int<T::kHeadDim>>{},
                                     make_coord(m, 0))),
        tma_q.partition_D(sQ(_, _, stage)));
-  if constexpr (!T::kOneDoStage) bwd_load_do_tma(params, smem, full, stage, b, h, m);
+  if constexpr (!T::kOneDoStage) bwd_load_do_tma(params, smem, full, stage, b, h, m, q_row0);
   int64_t const row0 = ((int64_t)b * p.nheads + h) * p.seqlen_q_rounded + m * kBlockM;  // 256-byte aligned
   float* const rows = smem.rows + stage * 2 * kBlockM;
   SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &full, rows, kBlockM * sizeof(float));
@@ -215,7 +215,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdParams<T> const& params, int con
     if constexpr (kTma) {
       if (cutlass::canonical_warp_idx_sync() == 0 && cute::elect_one_sync()) {
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.do_full, T::kDoTmaBytes);
-        bwd_load_do_tma(params, smem, smem.do_full, 0, b, h, m);
+        bwd_load_do_tma(params, smem, smem.do_full, 0, b, h, m, p.seq_spans ? p.seq_spans[b].q_row0 : 0);
       }
       return;
     }
@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) bwd_kernel(__grid_constant__ B
     CUTE_UNROLL
     for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], kTma ? 1 : T::kThreads);
     cutlass::arch::ClusterBarrier::init(&smem.key_tile_full, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.do_full, kTma ? 1 : T::kThreads);
+    if constexpr (T::kOneDoStage) cutlass::arch::ClusterBarrier::init(&smem.do_full, kTma ? 1 : T::kThreads);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -562,7 +562,7 @@ __global__ void __launch_bounds__(T::kThreads + 128, 1) bwd_ws_kernel(__grid_con
     CUTE_UNROLL
     for (int s = 0; s < T::kStages; ++s) cutlass::arch::ClusterBarrier::init(&smem.full[s], 1);
     cutlass::arch::ClusterBarrier::init(&smem.key_tile_full, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.do_full, 1);
+    if constexpr (T::kOneDoStage) cutlass::arch::ClusterBarrier::init(&smem.do_full, 1);
     cutlass::arch::ClusterBarrier::init(&smem.dq_full, T::kThreads);
     cutlass::arch::ClusterBarrier::init(&smem.dq_empty, 1);
     cutlass::arch::fence_barrier_init();
