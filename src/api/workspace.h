@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 
 #include "common/kernel_params.h"
 

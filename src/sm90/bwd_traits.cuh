@@ -86,8 +86,8 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
   // The S / dP tile: keys x queries, or (kSwapKV) queries x keys.
   using TileS = std::conditional_t<kSwapKV, Shape<Int<kBlockM>, Int<kBlockN>>, Shape<Int<kBlockN>, Int<kBlockM>>>;
   // dK (kHeadDim columns) and dV (kHeadDimV).
-  // kSwapKV: dK^T, dV^T (head dim x keys), Q^T / dO^T and dS / P read MN-major, the warpgroups along the keys.
-  template <int kCols>
+  // kSwapKV: dK^T, dV^T (head dim x keys), Q^T / dO^T and dS / P read MN-major, the warpgroups along the keys; the
+  // head dim is the wgmma rows, so one op serves both widths.
   using TiledMmaGradSwap = decltype(make_tiled_mma(
       gmma_ss<Element, kBlockN / kWarpgroups, kBlockM, GMMA::Major::MN, GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kWarpgroups>, _1>>{}));
@@ -98,7 +98,7 @@ struct BwdTraits : GmemCopies<Element_, kHeadDim_, kWarps_ * 32> {
                          decltype(gmma_rs<Element, kCols / kDimGroups, kBlockM, GMMA::Major::MN>())>{},
       Layout<Shape<Int<kKeyGroups>, Int<kDimGroups>, _1>>{}));
   template <int kCols>
-  using TiledMmaGrad = std::conditional_t<kSwapKV, TiledMmaGradSwap<kCols>, TiledMmaGradUnswapped<kCols>>;
+  using TiledMmaGrad = std::conditional_t<kSwapKV, TiledMmaGradSwap, TiledMmaGradUnswapped<kCols>>;
   // The dK / dV tiles as their accumulators hold them: keys x head dim, or (kSwapKV) head dim x keys.
   template <int kCols>
   using TileGrad = std::conditional_t<kSwapKV, Shape<Int<kCols>, Int<kBlockN>>, Shape<Int<kBlockN>, Int<kCols>>>;
