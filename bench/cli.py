@@ -8,9 +8,10 @@ MODES = ("fwd", "bwd", "fwdbwd")
 PEERS = ("flash", "efficient", "cudnn")
 DEFAULT_IMPLS = PEERS + ("flashcute",)
 # flashcute-det: flashcute with deterministic=True (bit-identical backward), timed beside the default on request;
-# flashcute-tiles: FLASHCUTE_FWD_GRID=tiles (one CTA per tile in the Hopper forward), likewise.
+# flashcute-tiles: FLASHCUTE_FWD_GRID=tiles (one CTA per tile in the Hopper forward), likewise;
+# flashcute-heads: FLASHCUTE_FWD_ORDER=heads (the forward's tiles head by head, not in sections), likewise.
 # fa4: FlashAttention-4, skipped where it does not import.
-IMPLS = DEFAULT_IMPLS + ("flashcute-det", "flashcute-tiles", "fa4")
+IMPLS = DEFAULT_IMPLS + ("flashcute-det", "flashcute-tiles", "flashcute-heads", "fa4")
 
 FULL_GRID = {"dtype": ["bf16", "fp16"], "hdim": [64, 128, 256], "seqlen": [512, 1024, 2048, 4096, 8192, 16384],
              "causal": [False, True]}
@@ -142,8 +143,8 @@ def build_parser():
     g.add_argument("--mode", default=",".join(MODES), help="fwd,bwd,fwdbwd (default all)")
     g.add_argument("--impl", default=",".join(DEFAULT_IMPLS),
                    help="flash,efficient,cudnn,flashcute (default), flashcute-det (deterministic backward), "
-                        "flashcute-tiles (the Hopper forward with one CTA per tile, not its persistent grid) "
-                        "and fa4 (FlashAttention-4, where it imports)")
+                        "flashcute-tiles (the Hopper forward with one CTA per tile, not its persistent grid), "
+                        "flashcute-heads (the forward's tiles head by head, not in sections) and fa4 (FlashAttention-4, where it imports)")
     g.add_argument("--arch", help="FLASHCUTE_ARCH values, each timed as its own impl, e.g. 120,80 or native,120")
     g.add_argument("--lib", action="append", default=[], metavar="LABEL=PATH",
                    help="another build of libflashcute.so, timed as flashcute@LABEL beside the one loaded "

@@ -6,6 +6,7 @@ import os
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 ARCH_ENV = "FLASHCUTE_ARCH"
 GRID_ENV = "FLASHCUTE_FWD_GRID"
+ORDER_ENV = "FLASHCUTE_FWD_ORDER"
 CONFIG_ENV = "FLASHCUTE_CONFIG"
 
 
@@ -31,16 +32,19 @@ class Sdpa:
 class Flashcute:
     """flashcute.flash_attn_func; with an arch, FLASHCUTE_ARCH is set while it runs (the library reads it per
     call) and the label says which, e.g. 'flashcute[sm120]'. grid: FLASHCUTE_FWD_GRID while it runs ('tiles': the
-    Hopper forward with one CTA per tile, for an A/B against its persistent grid). config: FLASHCUTE_CONFIG while
+    Hopper forward with one CTA per tile, for an A/B against its persistent grid). order: FLASHCUTE_FWD_ORDER while
+    it runs ('heads': the forward's tiles head by head, for an A/B against the sectioned order). config: FLASHCUTE_CONFIG while
     it runs (a kernel config's name: it serves its own direction, dtype and head dims only), labelled by its tile."""
 
-    def __init__(self, arch=None, deterministic=False, lib=None, grid=None, config=None):
+    def __init__(self, arch=None, deterministic=False, lib=None, grid=None, config=None, order=None):
         self.arch = arch
         self.deterministic = deterministic
         self.lib = lib  # (label, path): another build of the library, for A/B timing (--lib)
-        self.env = {ARCH_ENV: None if arch is None else str(arch), GRID_ENV: grid, CONFIG_ENV: config}
+        self.env = {ARCH_ENV: None if arch is None else str(arch), GRID_ENV: grid, CONFIG_ENV: config,
+                    ORDER_ENV: order}
         shown = arch if arch is not None else os.environ.get(ARCH_ENV)
-        name = "flashcute-det" if deterministic else f"flashcute-{grid}" if grid else "flashcute"
+        name = ("flashcute-det" if deterministic else f"flashcute-{grid}" if grid else
+                f"flashcute-{order}" if order else "flashcute")
         if lib is not None:
             name += f"@{lib[0]}"
         if config is not None:
@@ -110,12 +114,13 @@ def build(impl_names, archs=(None,), libs=(), configs=()):
     ((label, path) pairs) and per forced kernel config in configs; fa4 only where it imports."""
     out = []
     for name in impl_names:
-        if name in ("flashcute", "flashcute-det", "flashcute-tiles"):
+        if name in ("flashcute", "flashcute-det", "flashcute-tiles", "flashcute-heads"):
             grid = "tiles" if name == "flashcute-tiles" else None
+            order = "heads" if name == "flashcute-heads" else None
             for lib in (None, *libs):
                 for config in (None, *configs):
-                    out += [Flashcute(a, deterministic=name == "flashcute-det", lib=lib, grid=grid, config=config)
-                            for a in archs]
+                    out += [Flashcute(a, deterministic=name == "flashcute-det", lib=lib, grid=grid, config=config,
+                                      order=order) for a in archs]
         elif name == "fa4":
             if Fa4.available():
                 out.append(Fa4())

@@ -14,6 +14,7 @@
 #include "api/workspace.h"
 #include "arch/dispatch.h"
 #include "common/kernel_params.h"
+#include "common/tile_scheduler.cuh"
 #include "flashcute/flashcute.h"
 #include "reference/reference.h"
 
@@ -62,6 +63,17 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   }
   k.packed_gqa = p.packed_gqa > 1 ? (int)p.packed_gqa : 1;
   return k;
+}
+
+// Rows per section of the forward's tile order (common/tile_scheduler.cuh), K/V in 16-bit elements (the GPU path's
+// dtypes). FLASHCUTE_FWD_ORDER (A/B timing, tests) overrides it: "heads" for one row after the other, a number n for
+// sections of n rows.
+int section_heads(FwdKernelParams const& k) {
+  if (char const* order = std::getenv("FLASHCUTE_FWD_ORDER")) {
+    if (std::string(order) == "heads") return 1;
+    if (int const n = std::atoi(order); n > 0) return n;
+  }
+  return fwd_section_heads(k, current_l2_bytes(), 2);
 }
 
 struct NamedPointer {
@@ -271,6 +283,7 @@ flashcute_status_t flashcute_fwd(flashcute_fwd_params const* params, void* strea
       k.lse_partial = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + ws.lse_offset);
       k.partial_rows = ws.partial_rows;
     }
+    k.section_heads = section_heads(k);
     VarlenFill fill{};  // out 0 and lse -inf where no sequence owns the row
     fill.tensors[fill.count++] =
         fill_tensor(p.out, p.out_row_stride, p.out_head_stride, p.nheads, p.head_dim_v, false);

@@ -69,6 +69,16 @@ int current_sm_count() {
   return sms;
 }
 
+int64_t current_l2_bytes() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess || bytes < 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  return bytes;
+}
+
 flashcute_status_t check_device_pointer(void const* ptr, char const* name) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {

@@ -20,6 +20,9 @@ flashcute_status_t check_device_pointer(void const* ptr, char const* name);
 // Multiprocessors of the current device (108 when it cannot be queried); sizes the deterministic backward's grid.
 int current_sm_count();
 
+// L2 bytes of the current device (0 when it cannot be queried); sizes the forward's tile-order sections.
+int64_t current_l2_bytes();
+
 // Maps a launch's cudaError_t (as int) to a status, naming the arch and the rebuild flag for missing code.
 flashcute_status_t launch_status(int cuda_error, char const* kernel, int device_sm);
 

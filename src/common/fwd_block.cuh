@@ -30,7 +30,7 @@ struct FwdBlock {
   // counts (sequence, split) pairs).
   template <bool kDecode = false>
   CUTE_DEVICE bool init(FwdKernelParams const& p) {
-    return init<kDecode>(p, FwdTileScheduler<kBlockM>::tile());
+    return init<kDecode>(p, FwdTileScheduler<kBlockM>::tile(p));
   }
   template <bool kDecode = false>
   CUTE_DEVICE bool init(FwdKernelParams const& p, FwdTile const t) {

@@ -100,6 +100,9 @@ struct FwdKernelParams {
   // The persistent grid's tile counter (one int in the workspace, zeroed by the launcher before each launch; the
   // Hopper forward outside the decode instantiation): null runs one CTA per tile (common/tile_scheduler.cuh).
   int* tile_counter;
+  // Rows ((head, sequence) pairs) per section of the forward's tile order (common/tile_scheduler.cuh); 0 or 1:
+  // one row after the other.
+  int section_heads;
 };
 
 // page_magic and page_shift for page_size d >= 1 (Granlund and Montgomery's unsigned division by a constant):

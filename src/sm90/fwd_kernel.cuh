@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   bool const persistent = !kDecode && p.tile_counter;
   // Tile `index` of the persistent grid's order, or this CTA's (index -1); tiles past the last: none.
   auto tiles = [&]() { return persistent ? int(Scheduler::count(p)) : 0; };
-  auto tile_at = [&](int index) { return index < 0 ? Scheduler::tile() : Scheduler::tile(p, index); };
+  auto tile_at = [&](int index) { return index < 0 ? Scheduler::tile(p) : Scheduler::tile(p, index); };
   int const first = persistent ? int(blockIdx.x) : -1;
 
   if (tid == 0) {

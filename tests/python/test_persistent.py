@@ -84,3 +84,25 @@ def test_persistent_default_grid_many_tiles():
         with forced_grid(grid):
             runs.append(flashcute.flash_attn_func(q, k, v, causal=True))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("grid", ("tiles", "persistent"))
+@pytest.mark.parametrize("order", ("heads", "1", "3", "7", "1000"))
+@pytest.mark.parametrize("hd", (64, 128))
+def test_tile_order_keeps_bits(hd, order, grid):
+    # The tile order's sections (FLASHCUTE_FWD_ORDER: heads one after the other, sections of n rows, the first taking
+    # the remainder, one section for all) change which CTA computes a tile, never its bits. Causal (where the
+    # default takes sections), GQA, 3 sequences x 5 heads, a partial last query tile; the portable family (other
+    # arch profiles) reads the order from its block index.
+    torch.manual_seed(hd)
+    q = torch.randn(3, 1013, 5, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(3, 1013, 5, hd, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(3, 1013, 5, hd, device="cuda", dtype=torch.bfloat16)
+    runs = []
+    for forced in ("", order):
+        with forced_grid(grid), forced_env("FLASHCUTE_FWD_ORDER", forced):
+            poison_allocator(1 << 24)
+            runs.append(flashcute.flash_attn_func(q, k, v, causal=True))
+            torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    check_forward(q, k, v, *runs[1], 1.0 / math.sqrt(hd), True, (-1, -1), 0.0)
