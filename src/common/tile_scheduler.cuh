@@ -25,14 +25,19 @@ struct FwdTile {
   int m_block, h, b;
 };
 
-// Rows per section for a call: as many as half of L2 holds the K/V of, query heads sharing a K/V head counted once.
-// 1 (one row after the other, the largest tile of each first) without a causal mask, without an L2 size (0), for
-// one query tile per row (seqlen_q <= 64, the smallest kBlockM) and where 64-row tiles would number 2^31 or more.
+// Rows per section for a call: as many as half of L2 holds the K/V of (query heads sharing a K/V head counted once),
+// and at most kMaxSectionRows. 1 (one row after the other, the largest tile of each first) without a causal mask,
+// without an L2 size (0), for one query tile per row (seqlen_q <= 64, the smallest kBlockM) and where 64-row tiles
+// would number 2^31 or more. On an H100 (bench/RESULTS.md, 2026-12-06 eighth session, run 1: one short run each,
+// about +-3%) sections of 3-25 rows ran 0.97-1.08x the row-after-row order (hd128-256 from 2k: 0.99-1.08x), sections
+// of 33-100 rows 0.90-0.97x (hd64 at 1k-2k, hd128 and hd192 at 1k, where half of L2 holds many heads).
+constexpr int kMaxSectionRows = 24;
 inline int fwd_section_heads(FwdKernelParams const& p, int64_t l2_bytes, int element_bytes) {
   int64_t const rows = int64_t(p.nheads) * p.batch * (p.num_splits > 1 ? p.num_splits : 1);
   if (!p.causal || rows <= 1 || p.seqlen_q <= 64 || rows * ((p.seqlen_q + 63) / 64) >= (int64_t(1) << 31)) return 1;
   int64_t const kv_bytes = int64_t(p.seqlen_k > 0 ? p.seqlen_k : 1) * (p.head_dim + p.head_dim_v) * element_bytes;
-  int64_t const per = (l2_bytes / 2 / kv_bytes) * (p.kv_group > 1 ? p.kv_group : 1);
+  int64_t per = (l2_bytes / 2 / kv_bytes) * (p.kv_group > 1 ? p.kv_group : 1);
+  if (per > kMaxSectionRows) per = kMaxSectionRows;
   return int(per < 1 ? 1 : per < rows ? per : rows);
 }
 

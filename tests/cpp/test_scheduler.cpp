@@ -59,16 +59,16 @@ TEST(TileOrder, EveryTileOnceForAnySectionWidth) {
   }
 }
 
-TEST(TileOrder, SectionsFitHalfOfL2) {
+TEST(TileOrder, SectionsFitHalfOfL2AndTheCap) {
   int64_t const l2 = 50 << 20;
   // Non-causal: one row per section.
   EXPECT_EQ(fwd_section_heads(problem(2, 16, 16, 8192, 8192, false), l2, 2), 1);
   // hd128, 8k keys: 4 MB of K/V per head, 6 rows fit 25 MB.
   EXPECT_EQ(fwd_section_heads(problem(2, 16, 16, 8192, 8192, true), l2, 2), 6);
-  // GQA: four query heads per K/V head count once.
-  EXPECT_EQ(fwd_section_heads(problem(2, 16, 4, 8192, 8192, true), l2, 2), 24);
-  // 1k keys: 512 KB a head, 50 rows fit.
-  EXPECT_EQ(fwd_section_heads(problem(16, 16, 16, 1024, 1024, true), l2, 2), 50);
+  // GQA: two query heads per K/V head count once.
+  EXPECT_EQ(fwd_section_heads(problem(2, 16, 8, 8192, 8192, true), l2, 2), 12);
+  // 1k keys: 512 KB a head, 50 rows fit; at most kMaxSectionRows.
+  EXPECT_EQ(fwd_section_heads(problem(16, 16, 16, 1024, 1024, true), l2, 2), kMaxSectionRows);
   // Every row in one section where they all fit.
   EXPECT_EQ(fwd_section_heads(problem(2, 8, 8, 1024, 1024, true), l2, 2), 16);
   // A head larger than half of L2, or no L2 size: one row per section.
