@@ -1,6 +1,6 @@
 // Which query tile of which head and sequence a forward CTA computes, and the grid that covers them all: the one
-// place where either forward family decides it. Tiles are numbered in one order, which a CTA per tile takes from
-// its linear block index (the hardware starts blocks in about that order) and the persistent grid (the Hopper
+// place where either forward family decides it. Tiles are numbered in one order, which a Hopper CTA per tile takes
+// from its linear block index (the hardware starts blocks in about that order) and the persistent grid (the Hopper
 // forward, tile_counter set) from a counter: one CTA per SM, CTA c taking tile c first and then whichever tile the
 // counter hands out next, so every CTA picks up the next tile in the order as soon as it is free, without a launch
 // between tiles. The order: the (head, sequence) rows in sections of section_heads consecutive rows (rows of one
@@ -10,8 +10,8 @@
 // first): with one row per section the last row's longest tile starts near the end and runs alone (6-14% of a
 // causal call's time on 132 SMs in a greedy-schedule model, more the fewer tiles a head has). Without a causal mask
 // every tile of a sequence costs the same and one row per section keeps the fewest heads' K/V in flight.
-// Varlen: seqlen_q is the longest sequence, and a tile past the end of a shorter one has nothing to do
-// (FwdBlock::init).
+// The portable kernel keeps one row after the other (launched()). Varlen: seqlen_q is the longest sequence, and a
+// tile past the end of a shorter one has nothing to do (FwdBlock::init).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -77,8 +77,14 @@ struct FwdTileScheduler {
 #if defined(__CUDACC__)
   // One CTA per tile: this block's tile.
   __device__ static FwdTile tile(FwdKernelParams const& p) {
-    if (p.section_heads <= 1) return {int(gridDim.x - 1 - blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+    if (p.section_heads <= 1) return launched();
     return tile(p, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)));
+  }
+  // This block's tile in the order of one row after the other, whatever section_heads says: the portable kernel's,
+  // where the sectioned tile (held in registers rather than read again from blockIdx) made ptxas spill (hd128 128 x
+  // 32 on sm_90a: 0 -> 24 B).
+  __device__ static FwdTile launched() {
+    return {int(gridDim.x - 1 - blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   }
 #endif
 };

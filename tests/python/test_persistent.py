@@ -92,8 +92,8 @@ def test_persistent_default_grid_many_tiles():
 def test_tile_order_keeps_bits(hd, order, grid):
     # The tile order's sections (FLASHCUTE_FWD_ORDER: heads one after the other, sections of n rows, the first taking
     # the remainder, one section for all) change which CTA computes a tile, never its bits. Causal (where the
-    # default takes sections), GQA, 3 sequences x 5 heads, a partial last query tile; the portable family (other
-    # arch profiles) reads the order from its block index.
+    # default takes sections), GQA, 3 sequences x 5 heads, a partial last query tile. (The portable family keeps
+    # the launch order.)
     torch.manual_seed(hd)
     q = torch.randn(3, 1013, 5, hd, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(3, 1013, 5, hd, device="cuda", dtype=torch.bfloat16)
