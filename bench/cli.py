@@ -144,7 +144,8 @@ def build_parser():
     g.add_argument("--impl", default=",".join(DEFAULT_IMPLS),
                    help="flash,efficient,cudnn,flashcute (default), flashcute-det (deterministic backward), "
                         "flashcute-tiles (the Hopper forward with one CTA per tile, not its persistent grid), "
-                        "flashcute-heads (the forward's tiles head by head, not in sections) and fa4 (FlashAttention-4, where it imports)")
+                        "flashcute-heads (the forward's tiles head by head, not in sections) "
+                        "and fa4 (FlashAttention-4, where it imports)")
     g.add_argument("--arch", help="FLASHCUTE_ARCH values, each timed as its own impl, e.g. 120,80 or native,120")
     g.add_argument("--lib", action="append", default=[], metavar="LABEL=PATH",
                    help="another build of libflashcute.so, timed as flashcute@LABEL beside the one loaded "

@@ -33,8 +33,9 @@ class Flashcute:
     """flashcute.flash_attn_func; with an arch, FLASHCUTE_ARCH is set while it runs (the library reads it per
     call) and the label says which, e.g. 'flashcute[sm120]'. grid: FLASHCUTE_FWD_GRID while it runs ('tiles': the
     Hopper forward with one CTA per tile, for an A/B against its persistent grid). order: FLASHCUTE_FWD_ORDER while
-    it runs ('heads': the forward's tiles head by head, for an A/B against the sectioned order). config: FLASHCUTE_CONFIG while
-    it runs (a kernel config's name: it serves its own direction, dtype and head dims only), labelled by its tile."""
+    it runs ('heads': the forward's tiles head by head, for an A/B against the sectioned order). config:
+    FLASHCUTE_CONFIG while it runs (a kernel config's name: it serves its own direction, dtype and head dims only),
+    labelled by its tile."""
 
     def __init__(self, arch=None, deterministic=False, lib=None, grid=None, config=None, order=None):
         self.arch = arch

@@ -1,6 +1,6 @@
 // The forward's tile order (common/tile_scheduler.cuh): for any section width the order visits every (query tile,
-// head, grid slot) exactly once, the largest tiles of each section first; one row per section is the head-by-head order;
-// the host's section width fits L2.
+// head, grid slot) exactly once, the largest tiles of each section first; one row per section is the head-by-head
+// order; the host's section width fits L2.
 #include <gtest/gtest.h>
 
 #include <set>
