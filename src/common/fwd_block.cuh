@@ -25,9 +25,9 @@ struct FwdBlock {
   int n_plain_lo, n_plain_hi;
 
   // Tile t of the scheduler (by default this CTA's in launch order, one CTA per tile: the portable kernel); false
-  // (and the CTA has nothing to do there) past the end of a shorter varlen sequence. kDecode: the kernels' decode instantiation, which also serves paged
-  // K/V (whose sequences use their first seqused_k[b] keys when seqused_k is given) and split-KV (the tile's b
-  // counts (sequence, split) pairs).
+  // (and the CTA has nothing to do there) past the end of a shorter varlen sequence. kDecode: the kernels' decode
+  // instantiation, which also serves paged K/V (whose sequences use their first seqused_k[b] keys when seqused_k is
+  // given) and split-KV (the tile's b counts (sequence, split) pairs).
   template <bool kDecode = false>
   CUTE_DEVICE bool init(FwdKernelParams const& p) {
     return init<kDecode>(p, FwdTileScheduler<kBlockM>::launched());
