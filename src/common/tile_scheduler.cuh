@@ -31,9 +31,9 @@ struct FwdTile {
 // would number 2^31 or more. On an H100 (bench/RESULTS.md, 2026-12-06 eighth session, run 1: one short run each,
 // about +-3%) sections of 3-25 rows ran 0.97-1.08x the row-after-row order (hd128-256 from 2k: 0.99-1.08x), sections
 // of 33-100 rows 0.90-0.97x (hd64 at 1k-2k, hd128 and hd192 at 1k, where half of L2 holds many heads). Ninth
-// session, run 1 (widths 2-33): the rule's widths 1.01-1.13x with 64 rows or fewer, but with 128 or more (hd64 at 1k
-// and 4k, hd128 at 2k) every width lost 0.5-8%, two rows a section as much as 33: not yet explained (per-tile cost is
-// suspected).
+// session, run 1 (widths 2-33): the rule's widths 1.01-1.13x with 64 rows or fewer, but at hd64 1k and 4k and hd128
+// 2k (128 rows or more) every width lost 0.5-8%, two rows a section as much as 33 (hd128 1k, 256 rows: 0.96-1.01x):
+// not yet explained (per-tile cost is suspected).
 constexpr int kMaxSectionRows = 24;
 inline int fwd_section_heads(FwdKernelParams const& p, int64_t l2_bytes, int element_bytes) {
   int64_t const rows = int64_t(p.nheads) * p.batch * (p.num_splits > 1 ? p.num_splits : 1);
