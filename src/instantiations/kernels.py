@@ -142,12 +142,12 @@ BWD_SM90 = [
     # (BwdTraits::kSwapKV): 1.12-1.25x the 64-key tile it replaced, deterministic 1.23-1.40x (bench/RESULTS.md,
     # 2026-12-06 seventh session; before full-width wgmmas, 0.81-0.91x).
     ("sm90", "bwd", 192, 64, 96, 8, 1, 3, "169 KB"),
-    # DeepSeek's (192, 128): V, dO and dV 128 wide, 1.06-1.12x the padded hd192 kernel (eighteenth session, run 3).
-    ("sm90", "bwd", (192, 128), 64, 64, 8, 1, 3, "154 KB"),
+    # DeepSeek's (192, 128): V, dO and dV 128 wide, on hd192's 96-key tile: 1.10-1.30x the 64-key tile it replaced,
+    # deterministic 1.14-1.41x (bench/RESULTS.md, 2026-12-07 eleventh session, on an H100; its cp.async kernels spill
+    # 112-188 B). The 64-key tile, ("sm90", "bwd", (192, 128), 64, 64, 8, 1, 3, "154 KB"), had run 1.06-1.12x the
+    # padded hd192 kernel (eighteenth session, run 3).
+    ("sm90", "bwd", (192, 128), 64, 96, 8, 1, 3, "149 KB"),
     ("sm90", "bwd", 256, 64, 64, 8, 1, 3, "226 KB"),
-    # The 96-key tile at (192, 128), ("sm90", "bwd", (192, 128), 64, 96, 8, 1, 3, "149 KB"), ran 1.06-1.16x the 64-key
-    # one (bench/RESULTS.md, 2026-12-07 ninth session, run 2; its cp.async kernels spill 112-188 B) but has not been
-    # through the grid and deterministic checks: branch bwd-192v128-n96 swaps it in.
 ]
 
 # Tuning candidates (priority 0: never dispatched unless FLASHCUTE_CONFIG names them): FA3's non-causal tiles, with
