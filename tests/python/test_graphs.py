@@ -53,20 +53,27 @@ def offsets(lengths):
     return torch.tensor(cu, dtype=torch.int32, device="cuda")
 
 
+def capture(fn, warmup=None, warmups=1, mode="global"):
+    """Runs `warmup` (default: `fn`) on a side stream, as torch.cuda.graph asks, then captures `fn`: (graph, what
+    the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            (warmup or fn)()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode=mode):
+        results = fn()
+    return graph, results
+
+
 def capture_and_compare(step, make_inputs, mode, exact_grads):
     gen = torch.Generator(device="cuda").manual_seed(0)
     static = [t.clone() for t in make_inputs(gen)]
     for t in static[:3]:
         t.requires_grad_()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph asks
-        for _ in range(2):
-            step(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode=mode):
-        results = step(*static)
+    graph, results = capture(lambda: step(*static), warmups=2, mode=mode)
     for trial in range(3):  # new values in the static inputs; each replay must match eager on those values
         fresh = make_inputs(gen)
         with torch.no_grad():
@@ -228,14 +235,9 @@ def test_kvcache_decode_with_append_replays():
 
     sq, sk, sv = (t.clone() for t in steps[0])
     gk, gv, glen = k_pages.clone(), v_pages.clone(), start.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on copies, so the graph's cache starts where eager's did
-        step(sq, sk, sv, gk.clone(), gv.clone(), glen.clone())
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_out, g_lse = step(sq, sk, sv, gk, gv, glen)
+    # warm-up on copies, so the graph's cache starts where eager's did
+    graph, (g_out, g_lse) = capture(lambda: step(sq, sk, sv, gk, gv, glen),
+                                    warmup=lambda: step(sq, sk, sv, gk.clone(), gv.clone(), glen.clone()))
     for (q, k, v), (e_out, e_lse) in zip(steps, eager):
         sq.copy_(q), sk.copy_(k), sv.copy_(v)
         graph.replay()
@@ -266,14 +268,7 @@ def test_kvcache_split_decode_replays(arch, splits, monkeypatch):
         return flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True, num_splits=num_splits)
 
     static = make()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_out, g_lse = step(*static)
+    graph, (g_out, g_lse) = capture(lambda: step(*static))
     for trial in range(3):
         for s, f in zip(static, make()):
             s.copy_(f)
