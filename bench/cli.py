@@ -61,6 +61,7 @@ class Config:
     dry_run: bool = False
     from_json: str = ""
     target_s: float = 0.3
+    rounds: int = 3
     warmup: int = 5
     min_reps: int = 10
     max_reps: int = 200
@@ -165,7 +166,11 @@ def build_parser():
     o.add_argument("--from-json", default="", metavar="PATH",
                    help="re-render the table, plots and --readme page from a saved results.json (no GPU needed)")
     t = p.add_argument_group("timing and checking")
-    t.add_argument("--target-s", type=float, help="seconds of timed reps per measurement (default 0.3, quick 0.2)")
+    t.add_argument("--target-s", type=float,
+                   help="seconds of timed reps per measurement, split over its rounds (default 0.3, quick 0.2)")
+    t.add_argument("--rounds", type=int, default=3,
+                   help="timing rounds per shape, the impls in a rotated order each round; a measurement is the "
+                        "median of its rounds (default 3)")
     t.add_argument("--warmup", type=int, default=5, help="warm-up calls per measurement")
     t.add_argument("--min-reps", type=int, default=10)
     t.add_argument("--max-reps", type=int, default=200)
@@ -202,7 +207,7 @@ def parse_args(argv=None):
                   quick=a.quick, out=a.out, readme=a.readme,
                   plots=not a.no_plots, ceilings=not a.no_ceilings, dry_run=a.dry_run, from_json=a.from_json,
                   target_s=a.target_s if a.target_s is not None else (0.2 if a.quick else 0.3),
-                  warmup=a.warmup, min_reps=a.min_reps, max_reps=a.max_reps,
+                  rounds=max(1, a.rounds), warmup=a.warmup, min_reps=a.min_reps, max_reps=a.max_reps,
                   tol_out=a.tol_out, tol_grad=a.tol_grad)
 
 

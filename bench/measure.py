@@ -1,5 +1,6 @@
 """Measure one Case: build inputs, compute the float32 reference once, then for each impl check it and time
 each mode. A failed check is recorded as WRONG and not timed; a refused shape or any error as n/a."""
+import statistics
 import warnings
 
 from . import flops as F
@@ -68,44 +69,61 @@ def _timed_fn(impl, mode, sets, causal):
 
 
 def run_case(case, impls, modes, cfg, bar=None):
-    """Records for every (impl, mode) of this case, in that order."""
+    """Records for every (impl, mode) of this case, in that order. Every impl is checked first; then cfg.rounds
+    rounds time each checked (impl, mode), the impls in an order rotated by one each round, and a record keeps the
+    median of its rounds' medians: with one round, whichever impl went first could gain or lose several percent on
+    an H100 (bench/RESULTS.md, 2026-12-07 twelfth session)."""
     import torch
     set_bytes = 2 * case.b * case.s * case.h * (case.d + case.v_dim()) * 2
     sets = make_inputs(case, input_sets_for(set_bytes, l2_bytes(), lo=3))
     need_bwd = any(m in BWD_MODES for m in modes)
     ref_out, ref_grads = reference(*sets[0][:3], causal=case.causal, dout=sets[0][3] if need_bwd else None)
-    records = []
+    per_impl = []
     for impl in impls:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with impl.context():
                 fwd_st, bwd_st, err_out, err_grad, note = check_impl(impl, case, sets[0], ref_out, ref_grads, cfg)
-                for mode in modes:
-                    status = fwd_st if mode == "fwd" or fwd_st != OK else bwd_st
-                    rec = Record(impl=impl.label, backend=impl.backend, dtype=case.dtype, mode=mode, b=case.b,
-                                 h=case.h, s=case.s, d=case.d, dv=case.dv, causal=case.causal, status=status,
-                                 correct=None if status == NA else status == OK, err_out=err_out,
-                                 err_grad=err_grad if mode != "fwd" else None, note=note)
-                    if bar is not None:
-                        bar.set_postfix_str(f"{impl.label} {mode} {case.label()}")
-                    if status == OK:
-                        _time_into(rec, impl, mode, sets, case, cfg)
-                    records.append(rec)
-                    if bar is not None:
-                        bar.update(1)
-        torch.cuda.empty_cache()
+        recs = []
+        for mode in modes:
+            status = fwd_st if mode == "fwd" or fwd_st != OK else bwd_st
+            recs.append(Record(impl=impl.label, backend=impl.backend, dtype=case.dtype, mode=mode, b=case.b,
+                               h=case.h, s=case.s, d=case.d, dv=case.dv, causal=case.causal, status=status,
+                               correct=None if status == NA else status == OK, err_out=err_out,
+                               err_grad=err_grad if mode != "fwd" else None, note=note))
+        per_impl.append((impl, recs))
+    rounds = max(1, cfg.rounds)
+    times = {}
+    for r in range(rounds):
+        for i in range(len(per_impl)):
+            impl, recs = per_impl[(i + r) % len(per_impl)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with impl.context():
+                    for rec in recs:
+                        if bar is not None:
+                            bar.set_postfix_str(f"{impl.label} {rec.mode} {case.label()}")
+                        if rec.status == OK:
+                            _time_into(rec, impl, sets, case, cfg, times.setdefault(id(rec), []))
+                        if bar is not None and r == rounds - 1:
+                            bar.update(1)
+            torch.cuda.empty_cache()
     del sets, ref_out, ref_grads
     torch.cuda.empty_cache()
-    return records
+    return [rec for _, recs in per_impl for rec in recs]
 
 
-def _time_into(rec, impl, mode, sets, case, cfg):
+def _time_into(rec, impl, sets, case, cfg, medians):
+    """Times one round of rec's (impl, mode); rec keeps the median over the rounds so far."""
+    if rec.status != OK:  # an earlier round failed to time it
+        return
     try:
-        t = cuda_time(_timed_fn(impl, mode, sets, case.causal), n_sets=len(sets), warmup=cfg.warmup,
-                      target_s=cfg.target_s, min_reps=cfg.min_reps, max_reps=cfg.max_reps)
+        t = cuda_time(_timed_fn(impl, rec.mode, sets, case.causal), n_sets=len(sets), warmup=cfg.warmup,
+                      target_s=cfg.target_s / max(1, cfg.rounds), min_reps=cfg.min_reps, max_reps=cfg.max_reps)
     except Exception as e:  # noqa: BLE001 - e.g. out of memory: recorded, the run goes on
         rec.status, rec.note = NA, "timing: " + _short(e)
         return
-    rec.ms, rec.reps = t.median_ms, t.reps
+    medians.append(t.median_ms)
+    rec.ms, rec.reps = statistics.median(medians), (rec.reps or 0) + t.reps
     rec.tflops = F.tflops(F.attn_flops(case.b, case.h, case.s, case.s, case.d, case.v_dim(), causal=case.causal,
-                                       mode=mode), t.median_ms)
+                                       mode=rec.mode), rec.ms)

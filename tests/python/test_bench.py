@@ -423,3 +423,38 @@ def test_run_case_on_cpu(monkeypatch):
         assert wrong.status == WRONG and wrong.correct is False and wrong.tflops is None
         assert wrong.note.startswith("out error")
     assert got[("sdpa-flash", "bwd")].err_grad < 5e-2
+    assert got[("sdpa-flash", "fwd")].reps == 3 * cfg.rounds  # one timing per round
+
+
+def test_run_case_rotates_impls_between_rounds(monkeypatch):
+    """Every impl is checked first, then each round times them all, starting one further along each time, and a
+    record keeps the median of its rounds."""
+    import contextlib
+
+    from bench import measure, timing
+    from bench.records import OK as ok
+
+    entered, times = [], iter([5.0, 1.0, 3.0, 2.0, 9.0, 4.0, 7.0, 8.0, 6.0])
+
+    class Fake:
+        def __init__(self, label):
+            self.label = self.backend = label
+
+        @contextlib.contextmanager
+        def context(self):
+            entered.append(self.label)
+            yield
+
+    monkeypatch.setattr(measure, "make_inputs", lambda case, n_sets, seed=0: [(None,) * 4] * n_sets)
+    monkeypatch.setattr(measure, "reference", lambda *a, **k: (None, None))
+    monkeypatch.setattr(measure, "l2_bytes", lambda: 2**20)
+    monkeypatch.setattr(measure, "check_impl", lambda *a: (ok, None, 0.0, None, ""))
+    monkeypatch.setattr(measure, "_timed_fn", lambda *a: None)
+    monkeypatch.setattr(measure, "cuda_time", lambda *a, **k: timing.Timing(median_ms=next(times), min_ms=0.0, reps=10))
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    cfg = cli.parse_args(["--mode", "fwd", "--rounds", "3"])
+    recs = measure.run_case(cli.Case("bf16", 64, False, 128, 1, 1), [Fake("a"), Fake("b"), Fake("c")], ["fwd"], cfg)
+    assert entered == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # rounds a b c, then b c a, then c a b: a 5, 4, 8; b 1, 2, 6; c 3, 9, 7
+    assert [(r.impl, r.ms, r.reps) for r in recs] == [("a", 5.0, 30), ("b", 2.0, 30), ("c", 7.0, 30)]
