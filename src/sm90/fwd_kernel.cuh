@@ -459,10 +459,10 @@ CUTE_DEVICE void fwd_epilogue(FwdParams<T> const& params, FwdBlock<T::kBlockM, T
 // The kernel: the rings, then the roles. The producer warpgroup runs fwd_load for each block, the consumers
 // fwd_load_q, fwd_mma and fwd_epilogue. One CTA per tile, or (p.tile_counter set: the persistent grid) one per SM
 // walking tiles: producer thread 0 takes the next tile's index from the counter once it has issued a block's loads
-// and hands it to the consumers through tile_ring (read after their mainloop), so the producer loads the next
-// block's K/V under this block's last steps and epilogue, and (kOwnO) the consumers its Q under their epilogue.
-// kDecode: the decode instantiation (paged K/V, split-KV: see the portable kernel), one CTA per tile, so that the
-// other keeps its registers.
+// and hands it (the index, or the tile decoded) to the consumers through tile_ring, read after their
+// mainloop, so the producer loads the next block's K/V under this block's last steps and epilogue, and (kOwnO) the
+// consumers its Q under their epilogue. kDecode: the decode instantiation (paged K/V, split-KV: see the portable
+// kernel), one CTA per tile, so that the other keeps its registers.
 template <class T, bool kDecode>
 __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ FwdParams<T> const params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -470,6 +470,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
   using Scheduler = FwdTileScheduler<T::kBlockM>;
   using Block = FwdBlock<T::kBlockM, T::kBlockN>;
+  // What producer thread 0 hands the consumers: the next tile decoded, or its index (the decode instantiation, one
+  // CTA per tile, never walks tiles).
+  constexpr bool kHandOver = T::kHandOverTile && !kDecode;
+  using Handed = std::conditional_t<kHandOver, FwdTile, int>;
+  auto slot = [&](int k) -> Handed& { return *reinterpret_cast<Handed*>(&smem.next_tile[k % 2]); };
   int const tid = threadIdx.x;
   FwdKernelParams const& p = params.p;
   bool const persistent = !kDecode && p.tile_counter;
@@ -477,6 +482,23 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   auto tiles = [&]() { return persistent ? int(Scheduler::count(p)) : 0; };
   auto tile_at = [&](int index) { return index < 0 ? Scheduler::tile(p) : Scheduler::tile(p, index); };
   int const first = persistent ? int(blockIdx.x) : -1;
+  // What the producer hands over for tile `index` (none past the last), whether it is none, and its tile.
+  auto hand = [&](int index) -> Handed {
+    if constexpr (kHandOver) return index < tiles() ? Scheduler::tile(p, index) : FwdTile{-1, 0, 0};
+    else return index;
+  };
+  auto none = [&](Handed const& t) {
+    if constexpr (kHandOver) return t.m_block < 0;
+    else return t >= tiles();
+  };
+  auto tile_of = [&](Handed const& t) -> FwdTile {
+    if constexpr (kHandOver) return t;
+    else return tile_at(t);
+  };
+  auto start = [&]() -> Handed {
+    if constexpr (kHandOver) return tile_at(first);
+    else return first;
+  };
 
   if (tid == 0) {
     int const producers = params.use_tma ? 1 : T::kProducerThreads;
@@ -492,9 +514,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     int const ptid = tid - T::kConsumerThreads;
     bool const tma = params.use_tma && !(kDecode && p.page_table);  // fwd_load's one-thread path
     if (tma && ptid != 0) return;
-    for (int k = 0, base = 0, index = first;; ++k) {
+    Handed cur = start();
+    for (int k = 0, base = 0;; ++k) {
       Block blk;
-      if (blk.template init<kDecode>(p, tile_at(index))) {
+      if (blk.template init<kDecode>(p, tile_of(cur))) {
         blk.plan_tiles(p);
         fwd_load<T, kDecode>(params, blk, smem, ptid, base);
         base += blk.num_tiles;
@@ -502,21 +525,21 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
       // The next tile, taken once this block's loads are issued (a kStages-tile lead on the consumers): taken at
       // the block's start instead, a CTA held a tile for a whole block while others ran dry (hd128 causal 16k 7%
       // slower than one CTA per tile, bench/RESULTS.md, sixteenth session).
-      int next = tiles();  // none without the persistent grid
+      Handed next = hand(tiles());  // none without the persistent grid
       if (persistent) {
         if (ptid == 0) {
-          next = atomicAdd(p.tile_counter, 1) + int(gridDim.x);
+          next = hand(atomicAdd(p.tile_counter, 1) + int(gridDim.x));
           smem.tile_ring.producer_acquire(k);
-          smem.next_tile[k % 2] = next;
+          slot(k) = next;
           smem.tile_ring.producer_arrive(k);
         }
         if (!tma) {
           named_sync(kProducersBarrier, T::kProducerThreads);
-          next = smem.next_tile[k % 2];
+          next = slot(k);
         }
       }
-      if (next >= tiles()) break;
-      index = next;
+      if (none(next)) break;
+      cur = next;
     }
     if (!tma) cp_async_wait<0>();
     return;
@@ -526,16 +549,24 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   if (T::kConsumerThreads > 128 && T::kTakeTurns && tid < 128) named_arrive(kTurnBarrier0, 256);  // fwd_mma
   // The next block's Q into this warpgroup's rows, once their last reader (its MMAs, or kOwnO false the epilogue)
   // is done.
-  auto load_next_q = [&](int next) {
+  auto load_next_q = [&](Handed const& next) {
     Block nblk;
-    if (next < tiles() && nblk.template init<kDecode>(p, Scheduler::tile(p, next))) {
+    if (!none(next) && nblk.template init<kDecode>(p, tile_of(next))) {
       named_sync(kGroupBarrier0 + tid / 128, 128);
       fwd_load_q(params, nblk, smem, tid);
     }
   };
-  for (int k = 0, base = 0, index = first;; ++k) {
+  Handed cur = start();
+  for (int k = 0, base = 0;; ++k) {
+    // A handed tile is read again here rather than kept in registers through the epilogue; its slot is released now.
+    if constexpr (kHandOver) {
+      if (k > 0) {
+        cur = slot(k - 1);
+        smem.tile_ring.consumer_arrive(k - 1);
+      }
+    }
     Block blk;
-    bool const live = blk.template init<kDecode>(p, tile_at(index));
+    bool const live = blk.template init<kDecode>(p, tile_of(cur));
     if (live) {
       blk.plan_tiles(p);
       if (k == 0) fwd_load_q(params, blk, smem, tid);
@@ -549,17 +580,17 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
     }
     // The next tile, which the producer hands over once it has issued this block's loads (so only after the
     // mainloop: before it, the producer would wait for stages that this wait keeps full).
-    int next = tiles();
+    Handed next = hand(tiles());
     if (persistent) {
       smem.tile_ring.consumer_wait(k);
-      next = smem.next_tile[k % 2];
-      smem.tile_ring.consumer_arrive(k);
+      next = slot(k);
+      if constexpr (!kHandOver) smem.tile_ring.consumer_arrive(k);
     }
     if constexpr (T::kOwnO) load_next_q(next);
     if (live) fwd_epilogue<T, kDecode>(params, blk, smem, tid, acc_o, softmax);
     if constexpr (!T::kOwnO) load_next_q(next);
-    if (next >= tiles()) break;
-    index = next;
+    if (none(next)) break;
+    if constexpr (!kHandOver) cur = next;
   }
 #else
   __trap();  // compiled for sm_90a only (CMakeLists.txt); dispatch never launches it elsewhere

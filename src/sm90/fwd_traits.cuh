@@ -6,6 +6,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/cute_utils.cuh"
+#include "common/tile_scheduler.cuh"
 #include "sm90/fwd_launch.h"
 #include "sm90/pipeline.cuh"
 #include "sm90/tma.cuh"
@@ -51,6 +52,12 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   // The consumer warpgroups take turns issuing their MMAs at head dims up to 128 only, as FA3 does: beyond, one
   // warpgroup's softmax is short beside its own MMAs, and the turn barriers only delay issue.
   static constexpr bool kTakeTurns = kHeadDim <= 128;
+  // Persistent grid: producer thread 0 hands the consumers the next tile decoded (FwdTile) rather than its index,
+  // which each consumer decoded twice per block (for the next Q, and at the loop top): on an H100 1.02-1.10x at 1k-2k
+  // (hd64 causal 1.08-1.10x, hd128 causal 1.05-1.06x), within 1% from 4k but hd256 non-causal 8k-16k at 0.98-0.99x
+  // (bench/RESULTS.md, 2026-12-07 twelfth session). The 192-row tile (three warpgroups of 160 registers) keeps the
+  // index: the tile there ran 0.97-0.98x from 4k.
+  static constexpr bool kHandOverTile = kBlockM == 128;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0 && kHeadDim <= 256);
   static_assert(kHeadDimV <= kHeadDim && kHeadDimV % GmemCopies<Element_, kHeadDim_, 128>::kRowChunk == 0);
 
@@ -105,8 +112,8 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
     alignas(1024) Element o[kOwnO ? cosize_v<SmemLayoutO> : 1];
     TileRing<kStages> k_ring;
     TileRing<kStages> v_ring;
-    TileRing<2> tile_ring;  // persistent grid: the next tile's index, from the producer to the consumers
-    int next_tile[2];
+    TileRing<2> tile_ring;  // persistent grid: the next tile, from the producer to the consumers
+    FwdTile next_tile[2];   // decoded (kHandOverTile), or its index in the first int (fwd_kernel's Handed)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes == kTileBytes + (kOwnO ? kBlockM * kHeadDimV * 2 : 0),
