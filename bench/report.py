@@ -145,7 +145,8 @@ def performance_markdown(records, meta=None, ceilings=None, plots=()):
     out += [f"- {k}: {v}" for k, v in facts if v]
     out += [f"- {ceilings_text(ceilings)}", "",
             "TFLOP/s as FlashAttention counts them (4·B·H·Sq·Sk·D forward, halved for causal; backward 2.5×), "
-            "median of timed reps on rotated inputs. Every result was first checked against a float32 "
+            "the median over timing rounds (the impls' order rotated each round) of the median of timed reps on "
+            "rotated inputs. Every result was first checked against a float32 "
             "reference; WRONG means it failed that check and was not timed, n/a that the backend refused the "
             "shape. `fc/x` is flashcute's TFLOP/s over peer x's, `%mm` its share of the matmul ceiling.", ""]
     for p in plots:
