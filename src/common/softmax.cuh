@@ -71,6 +71,16 @@ struct OnlineSoftmax {
     }
   }
 
+  // rescale(), skipped by a warp none of whose rows' max moved (every correction exactly 1: the same bits). Warp-
+  // uniform, so that a warp's lanes do not diverge.
+  template <class AccO>
+  CUTE_DEVICE static void rescale_if_moved(AccO& acc_o, float const (&correction)[kRows]) {
+    bool moved = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) moved |= correction[r] != 1.f;
+    if (__any_sync(0xffffffffu, moved)) rescale(acc_o, correction);
+  }
+
   template <class AccO>
   CUTE_DEVICE static void rescale(AccO& acc_o, float const (&correction)[kRows]) {
     Tensor o = make_tensor(acc_o.data(), acc_as_rowcol(acc_o.layout()));  // (rows, head_dim cols)
