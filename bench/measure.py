@@ -92,9 +92,8 @@ def run_case(case, impls, modes, cfg, bar=None):
                                correct=None if status == NA else status == OK, err_out=err_out,
                                err_grad=err_grad if mode != "fwd" else None, note=note))
         per_impl.append((impl, recs))
-    rounds = max(1, cfg.rounds)
     times = {}
-    for r in range(rounds):
+    for r in range(cfg.rounds):
         for i in range(len(per_impl)):
             impl, recs = per_impl[(i + r) % len(per_impl)]
             with warnings.catch_warnings():
@@ -105,7 +104,7 @@ def run_case(case, impls, modes, cfg, bar=None):
                             bar.set_postfix_str(f"{impl.label} {rec.mode} {case.label()}")
                         if rec.status == OK:
                             _time_into(rec, impl, sets, case, cfg, times.setdefault(id(rec), []))
-                        if bar is not None and r == rounds - 1:
+                        if bar is not None and r == cfg.rounds - 1:
                             bar.update(1)
             torch.cuda.empty_cache()
     del sets, ref_out, ref_grads
@@ -115,11 +114,9 @@ def run_case(case, impls, modes, cfg, bar=None):
 
 def _time_into(rec, impl, sets, case, cfg, medians):
     """Times one round of rec's (impl, mode); rec keeps the median over the rounds so far."""
-    if rec.status != OK:  # an earlier round failed to time it
-        return
     try:
         t = cuda_time(_timed_fn(impl, rec.mode, sets, case.causal), n_sets=len(sets), warmup=cfg.warmup,
-                      target_s=cfg.target_s / max(1, cfg.rounds), min_reps=cfg.min_reps, max_reps=cfg.max_reps)
+                      target_s=cfg.target_s / cfg.rounds, min_reps=cfg.min_reps, max_reps=cfg.max_reps)
     except Exception as e:  # noqa: BLE001 - e.g. out of memory: recorded, the run goes on
         rec.status, rec.note = NA, "timing: " + _short(e)
         return
