@@ -320,7 +320,7 @@ CUTE_DEVICE void fwd_mma(FwdParams<T> const& params, FwdBlock<T::kBlockM, T::kBl
   // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; the softmax of S_i under the second. O is
   // rescaled for P_{i-1}'s max (correction, from step i - 1) while S_i is in flight, before P_{i-1} V_{i-1} is
   // issued (FA3's order), so that only P's conversion waits for the P.V MMA. A warp none of whose rows' max moved
-  // skips the rescale: on an H100 1.01-1.03x from 4k keys, within 1% below (bench/RESULTS.md, twelfth session).
+  // skips the rescale: on an H100 1.00-1.04x from 8k keys, 0.99-1.01x below (bench/RESULTS.md, twelfth session).
   float correction[kRows];
   auto step = [&](int i, auto kind) __attribute__((always_inline)) {
     int const use = base + i;

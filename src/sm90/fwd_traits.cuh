@@ -54,7 +54,7 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   static constexpr bool kTakeTurns = kHeadDim <= 128;
   // Persistent grid: producer thread 0 hands the consumers the next tile decoded (FwdTile) rather than its index,
   // which each consumer decoded twice per block (for the next Q, and at the loop top): on an H100 1.02-1.10x at 1k-2k
-  // (hd64 causal 1.08-1.10x, hd128 causal 1.05-1.06x), within 1% from 4k but hd256 non-causal 8k-16k at 0.98-0.99x
+  // (hd64 causal 1.08-1.10x, hd128 causal 1.05-1.06x), 0.98-1.03x from 4k, hd256 non-causal 8k-16k at 0.98-0.99x
   // (bench/RESULTS.md, 2026-12-07 twelfth session). The 192-row tile (three warpgroups of 160 registers) keeps the
   // index: the tile there ran 0.97-0.98x from 4k.
   static constexpr bool kHandOverTile = kBlockM == 128;
