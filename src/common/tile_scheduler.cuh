@@ -25,6 +25,42 @@ struct FwdTile {
   int m_block, h, b;
 };
 
+// Division of 0 <= j < 2^31 by a divisor d >= 1 fixed on the host, by a high product and a shift (page_divisor's
+// method, common/kernel_params.h), so that a kernel decodes a tile index without integer division (an integer
+// division by a runtime value compiles to some twenty instructions).
+struct IntDivisor {
+  int d = 1;
+  uint32_t magic = 1;
+  int shift = 0;
+  static IntDivisor make(int d) {
+    IntDivisor v;
+    v.d = d > 1 ? d : 1;
+    page_divisor(v.d, v.magic, v.shift);
+    return v;
+  }
+  FLASHCUTE_HD int div(int j) const {
+#if defined(__CUDA_ARCH__)
+    uint32_t const hi = __umulhi(uint32_t(j), magic);
+#else
+    uint32_t const hi = uint32_t((uint64_t(uint32_t(j)) * magic) >> 32);
+#endif
+    return int((hi + uint32_t(j)) >> shift);
+  }
+};
+
+// A call's tile order (FwdTileScheduler::order), its divisions prepared on the host: m query tiles per row; the
+// first section holds `rest` rows (0: none), every other section `width` rows (m * width tiles). One row after the
+// other is width 1, rest 0.
+struct FwdTileOrder {
+  int count;  // tiles
+  int m;
+  int rest;
+  IntDivisor section;  // m * width
+  IntDivisor width;
+  IntDivisor rest_rows;
+  IntDivisor heads;  // nheads
+};
+
 // Rows per section for a call: as many as half of L2 holds the K/V of (query heads sharing a K/V head counted once),
 // and at most kMaxSectionRows. 1 (one row after the other, the largest tile of each first) without a causal mask,
 // without an L2 size (0), for one query tile per row (seqlen_q <= 64, the smallest kBlockM) and where 64-row tiles
@@ -53,35 +89,44 @@ struct FwdTileScheduler {
     return int64_t(m_blocks(p)) * p.nheads * p.batch * (p.num_splits > 1 ? p.num_splits : 1);
   }
   FLASHCUTE_HD static int m_blocks(FwdKernelParams const& p) { return (p.seqlen_q + kBlockM - 1) / kBlockM; }
-  // Tile `index` of the order (index < count(p) < 2^31: fwd_section_heads keeps wider sections below that). Row r
-  // is head r % nheads of grid slot z = r / nheads. Where the width does not divide the rows, the first section
-  // takes the remainder, so that the last is a full one.
-  FLASHCUTE_HD static FwdTile tile(FwdKernelParams const& p, int index) {
-    int const m = m_blocks(p);
-    if (p.section_heads <= 1) {
-      int const row = index / m;
-      return {m - 1 - (index - row * m), row % p.nheads, row / p.nheads};
-    }
-    int const rows = int(count(p) / m);
-    int const width = p.section_heads < rows ? p.section_heads : rows;
-    int const rest = rows % width;
-    int first_row = 0, in_section = rest;
-    if (index >= m * rest) {
-      index -= m * rest;
-      int const section = index / (m * width);
-      index -= section * m * width;
-      first_row = rest + section * width;
-      in_section = width;
-    }
-    int const step = index / in_section;
-    int const row = first_row + (index - step * in_section);
-    return {m - 1 - step, row % p.nheads, row / p.nheads};
+  // The order of a call (count(p) < 2^31: fwd_section_heads keeps wider sections below that). Row r is head
+  // r % nheads of grid slot z = r / nheads. Where the width does not divide the rows, the first section takes the
+  // remainder, so that the last is a full one.
+  static FwdTileOrder order(FwdKernelParams const& p) {
+    FwdTileOrder o{};
+    o.count = int(count(p));
+    o.m = m_blocks(p);
+    int const rows = o.m > 0 ? int(count(p) / o.m) : 0;
+    int const width = p.section_heads <= 1 ? 1 : p.section_heads < rows ? p.section_heads : rows;
+    o.rest = rows % width;
+    o.section = IntDivisor::make(o.m * width);
+    o.width = IntDivisor::make(width);
+    o.rest_rows = IntDivisor::make(o.rest);
+    o.heads = IntDivisor::make(p.nheads);
+    return o;
   }
+  // Tile `index` (< o.count) of the order.
+  FLASHCUTE_HD static FwdTile tile(FwdTileOrder const& o, int index) {
+    int first_row = 0;
+    IntDivisor in_section = o.rest_rows;
+    if (index >= o.m * o.rest) {
+      index -= o.m * o.rest;
+      int const section = o.section.div(index);
+      index -= section * o.section.d;
+      first_row = o.rest + section * o.width.d;
+      in_section = o.width;
+    }
+    int const step = in_section.div(index);
+    int const row = first_row + (index - step * in_section.d);
+    int const b = o.heads.div(row);
+    return {o.m - 1 - step, row - b * o.heads.d, b};
+  }
+  static FwdTile tile(FwdKernelParams const& p, int index) { return tile(order(p), index); }
 #if defined(__CUDACC__)
   // One CTA per tile: this block's tile.
-  __device__ static FwdTile tile(FwdKernelParams const& p) {
-    if (p.section_heads <= 1) return launched();
-    return tile(p, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)));
+  __device__ static FwdTile tile(FwdTileOrder const& o) {
+    if (o.width.d <= 1 && o.rest == 0) return launched();
+    return tile(o, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)));
   }
   // This block's tile in the order of one row after the other, whatever section_heads says: the portable kernel's,
   // where the sectioned tile (held in registers rather than read again from blockIdx) made ptxas spill (hd128 128 x

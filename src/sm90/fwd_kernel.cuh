@@ -38,6 +38,7 @@ enum FwdBarrier : int {
 template <class T>
 struct FwdParams {
   FwdKernelParams p;
+  FwdTileOrder order;  // FwdTileScheduler<T::kBlockM>::order(p)
   typename T::TmaKV tma_k;
   typename T::TmaV tma_v;
   bool use_tma;
@@ -480,12 +481,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   FwdKernelParams const& p = params.p;
   bool const persistent = !kDecode && p.tile_counter;
   // Tile `index` of the persistent grid's order, or this CTA's (index -1); tiles past the last: none.
-  auto tiles = [&]() { return persistent ? int(Scheduler::count(p)) : 0; };
-  auto tile_at = [&](int index) { return index < 0 ? Scheduler::tile(p) : Scheduler::tile(p, index); };
+  auto tiles = [&]() { return persistent ? params.order.count : 0; };
+  auto tile_at = [&](int index) {
+    return index < 0 ? Scheduler::tile(params.order) : Scheduler::tile(params.order, index);
+  };
   int const first = persistent ? int(blockIdx.x) : -1;
   // What the producer hands over for tile `index` (none past the last), whether it is none, and its tile.
   auto hand = [&](int index) -> Handed {
-    if constexpr (kHandOver) return index < tiles() ? Scheduler::tile(p, index) : FwdTile{-1, 0, 0};
+    if constexpr (kHandOver) return index < tiles() ? Scheduler::tile(params.order, index) : FwdTile{-1, 0, 0};
     else return index;
   };
   auto none = [&](Handed const& t) {

@@ -60,6 +60,7 @@ int run_fwd(FwdKernelParams const& p, void* stream) {
   if (err != cudaSuccess) return err;
   FwdParams<T> params{};
   params.p = p;
+  params.order = FwdTileScheduler<T::kBlockM>::order(p);
   params.use_tma = p.seqlen_k > 0 && tma_serves(p, T::kBlockN, T::kPageRows);
   if (params.use_tma) {  // K and V as (rows, head_dim, heads, batches), or (page rows, head_dim, heads, pages)
     TmaEncodeCheck encoded;
