@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
   Tensor tOsVt = smem_load_v.get_thread_slice(tid).partition_S(sVt);
 
   constexpr int kRows = 2 * decltype(size<1>(acc_o))::value;
-  OnlineSoftmax<kRows> softmax;
+  OnlineSoftmax<kRows, T::kSoftmaxChains> softmax;
 
   // General tiles (masked or softcapped) first, then the plain ones: common/fwd_block.cuh.
   blk.plan_tiles(p);
