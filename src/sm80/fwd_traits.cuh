@@ -56,8 +56,10 @@ struct FwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   // ahead), and the other head dims are spill-free with a slice ahead only (a copy ahead: hd256 128x64 w8 36 B).
   static constexpr Prefetch kStreamB = kHeadDim_ == 128 && kBlockN_ == 32 ? Prefetch::kCopy : Prefetch::kSlice;
 
-  // A row's max and sum in this many interleaved chains (common/softmax.cuh).
-  static constexpr int kSoftmaxChains = 1;
+  // A row's max and sum in this many interleaved chains (common/softmax.cuh). hd64 (32 columns a row per thread)
+  // takes four: under FLASHCUTE_ARCH=80 on an H100 1.03-1.04x one chain (thirteenth session), 0.99-1.03x in the
+  // fourteenth's A/B (bench/RESULTS.md, 2026-12-07); hd128 measured 0.96-0.99x and keeps one.
+  static constexpr int kSoftmaxChains = kHeadDim_ == 64 ? 4 : 1;
 
   // Warps split the query rows, so softmax row reductions never leave a warp.
   using TiledMma = TiledMMA<Sm80MmaAtom<Element>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
