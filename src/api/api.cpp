@@ -58,7 +58,7 @@ FwdKernelParams kernel_params(flashcute_fwd_params const& p) {
   if (p.page_table) {
     k.page_table_batch_stride = p.page_table_batch_stride;
     k.page_size = (int)p.page_size, k.num_pages = (int)p.num_pages;
-    page_divisor(k.page_size, k.page_magic, k.page_shift);
+    k.page_slots = IntDivisor::make(k.page_size);
     k.seqused_k = p.seqused_k;
   }
   k.packed_gqa = p.packed_gqa > 1 ? (int)p.packed_gqa : 1;

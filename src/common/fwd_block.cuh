@@ -113,11 +113,9 @@ struct FwdBlock {
     return static_cast<Element const*>(p.v) + seq.k_offset(p, b, p.v_batch_stride, p.v_row_stride) +
            h_kv * p.v_head_stride;
   }
-  // Paged K/V: the page-table slot of key j (j / page_size, by page_magic and page_shift) and the page that slot of
-  // this block's sequence names (clamped into the pages).
-  CUTE_DEVICE static int page_slot(FwdKernelParams const& p, int j) {
-    return int((__umulhi(unsigned(j), p.page_magic) + unsigned(j)) >> p.page_shift);
-  }
+  // Paged K/V: the page-table slot of key j (j / page_size) and the page that slot of this block's sequence names
+  // (clamped into the pages).
+  CUTE_DEVICE static int page_slot(FwdKernelParams const& p, int j) { return p.page_slots.div(j); }
   CUTE_DEVICE int page_of(FwdKernelParams const& p, int slot) const {
     return min(max(p.page_table[b * p.page_table_batch_stride + slot], 0), p.num_pages - 1);
   }

@@ -30,6 +30,32 @@ struct SeqSpan {
   int seqlen_k;  // the keys that take part: min(seqused_k, key_rows) when seqused_k is given
 };
 
+// Division of 0 <= j < 2^31 by a divisor d >= 1 fixed on the host, by a high product and a shift (Granlund and
+// Montgomery's unsigned division by a constant): shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1
+// < 2^32, j / d = (umulhi(j, magic) + j) >> shift; powers of two give magic 1 and j >> shift after the high product
+// (0 for j < 2^31). The kernels divide by it where an integer division by a runtime value would compile to some
+// twenty instructions: page slots, the forward's tile order (common/tile_scheduler.cuh).
+struct IntDivisor {
+  int d = 1;
+  uint32_t magic = 1;
+  int shift = 0;
+  static IntDivisor make(int d) {
+    IntDivisor v;
+    v.d = d > 1 ? d : 1;
+    while ((int64_t(1) << v.shift) < v.d) ++v.shift;
+    v.magic = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << v.shift) - uint64_t(v.d))) / uint64_t(v.d) + 1);
+    return v;
+  }
+  FLASHCUTE_HD int div(int j) const {
+#if defined(__CUDA_ARCH__)
+    uint32_t const hi = __umulhi(uint32_t(j), magic);
+#else
+    uint32_t const hi = uint32_t((uint64_t(uint32_t(j)) * magic) >> 32);
+#endif
+    return int((hi + uint32_t(j)) >> shift);
+  }
+};
+
 struct FwdKernelParams {
   void const* q;
   void const* k;
@@ -71,14 +97,13 @@ struct FwdKernelParams {
   // Paged K/V (the fixed-length forward; null otherwise): key j of sequence b is row j % page_size of page
   // page_table[b * page_table_batch_stride + j / page_size], a page starting k_batch_stride (v_batch_stride)
   // elements after the previous one. Entries are device data the host never saw: the kernels clamp them to
-  // [0, num_pages), so a bad table reads the wrong page, never outside k or v. j / page_size is
-  // (umulhi(j, page_magic) + j) >> page_shift for every j < 2^31 (page_divisor() below; no division in the
-  // mainloop). seqused_k (may be null): sequence b's first seqused_k[b] keys take part (clamped to [0, seqlen_k]).
+  // [0, num_pages), so a bad table reads the wrong page, never outside k or v. j / page_size is page_slots.div(j)
+  // (no division in the mainloop). seqused_k (may be null): sequence b's first seqused_k[b] keys take part
+  // (clamped to [0, seqlen_k]).
   int const* page_table;
   int64_t page_table_batch_stride;
   int page_size, num_pages;
-  uint32_t page_magic;
-  int page_shift;
+  IntDivisor page_slots;  // by page_size
   int const* seqused_k;
 
   // Split-KV (num_splits > 1): blockIdx.z counts (sequence, split) pairs; the CTAs of split s take key tiles
@@ -104,15 +129,6 @@ struct FwdKernelParams {
   // one row after the other.
   int section_heads;
 };
-
-// page_magic and page_shift for page_size d >= 1 (Granlund and Montgomery's unsigned division by a constant):
-// shift = ceil(log2 d), magic = floor(2^32 (2^shift - d) / d) + 1 < 2^32; powers of two give magic 1 and j >> shift
-// after the high product (0 for j < 2^31).
-inline void page_divisor(int d, uint32_t& magic, int& shift) {
-  shift = 0;
-  while ((int64_t(1) << shift) < d) ++shift;
-  magic = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - uint64_t(d))) / uint64_t(d) + 1);
-}
 
 // Whether a forward call takes the kernels' decode instantiation (paged K/V, split-KV, packed GQA), which both
 // families launch in place of the plain one so that the plain one keeps its registers.

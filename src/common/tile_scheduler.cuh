@@ -25,29 +25,6 @@ struct FwdTile {
   int m_block, h, b;
 };
 
-// Division of 0 <= j < 2^31 by a divisor d >= 1 fixed on the host, by a high product and a shift (page_divisor's
-// method, common/kernel_params.h), so that a kernel decodes a tile index without integer division (an integer
-// division by a runtime value compiles to some twenty instructions).
-struct IntDivisor {
-  int d = 1;
-  uint32_t magic = 1;
-  int shift = 0;
-  static IntDivisor make(int d) {
-    IntDivisor v;
-    v.d = d > 1 ? d : 1;
-    page_divisor(v.d, v.magic, v.shift);
-    return v;
-  }
-  FLASHCUTE_HD int div(int j) const {
-#if defined(__CUDA_ARCH__)
-    uint32_t const hi = __umulhi(uint32_t(j), magic);
-#else
-    uint32_t const hi = uint32_t((uint64_t(uint32_t(j)) * magic) >> 32);
-#endif
-    return int((hi + uint32_t(j)) >> shift);
-  }
-};
-
 // A call's tile order (FwdTileScheduler::order), its divisions prepared on the host: m query tiles per row; the
 // first section holds `rest` rows (0: none), every other section `width` rows (m * width tiles). One row after the
 // other is width 1, rest 0.
