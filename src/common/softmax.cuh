@@ -26,9 +26,9 @@ struct SumOp {
 // A row whose running max is still -inf (no visible key yet) subtracts 0 instead, so exp2 gives 0, not NaN.
 CUTE_DEVICE float finite_or_zero(float m) { return m == -INFINITY ? 0.f : m; }
 
-// kMaxChains, kSumChains: a row's max and sum over this thread's columns as that many interleaved chains, combined
-// at the end, so that consecutive FMNMX / FADD do not each wait for the one before.
-template <int kRows, int kMaxChains = 1, int kSumChains = kMaxChains>
+// kChains: a row's max and sum over this thread's columns as that many interleaved chains, combined at the end, so
+// that consecutive FMNMX / FADD do not each wait for the one before.
+template <int kRows, int kChains = 1>
 struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];
@@ -55,21 +55,21 @@ struct OnlineSoftmax {
     static_assert(decltype(size<0>(s))::value == kRows);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = row_reduce<kMaxChains>(s, r, MaxOp{}, row_max[r]);
+      float m = row_reduce(s, r, MaxOp{}, row_max[r]);
       m = quad_allreduce(m, MaxOp{});
       correction[r] = exp2f((row_max[r] - finite_or_zero(m)) * scale_log2);
       row_max[r] = m;
       float const max_scaled = finite_or_zero(m) * scale_log2;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) s(r, c) = exp2f(s(r, c) * scale_log2 - max_scaled);
-      float const sum = row_reduce<kSumChains>(s, r, SumOp{}, 0.f);
+      float const sum = row_reduce(s, r, SumOp{}, 0.f);
       // The sum stays thread-local until finish: one reduction per row instead of one per tile.
       row_sum[r] = row_sum[r] * correction[r] + sum;
     }
   }
 
   // op over init and row r's columns, in kChains interleaved chains (one chain: the columns in order).
-  template <int kChains, class S, class Op>
+  template <class S, class Op>
   CUTE_DEVICE static float row_reduce(S const& s, int r, Op op, float init) {
     constexpr int kCols = decltype(size<1>(s))::value;
     constexpr int kN = kChains < kCols ? kChains : kCols;

@@ -58,7 +58,8 @@ struct FwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
 
   // A row's max and sum in this many interleaved chains (common/softmax.cuh). hd64 (32 columns a row per thread)
   // takes four: under FLASHCUTE_ARCH=80 on an H100 1.03-1.04x one chain (thirteenth session), 0.99-1.03x in the
-  // fourteenth's A/B (bench/RESULTS.md, 2026-12-07); hd128 measured 0.96-0.99x and keeps one.
+  // fourteenth's A/B (bench/RESULTS.md, 2026-12-07); hd128 measured 0.96-0.99x and keeps one, as do the Hopper
+  // tiles (hd64: 0.97-1.03x with four chains for max and sum, 0.99-1.03x for the max alone).
   static constexpr int kSoftmaxChains = kHeadDim_ == 64 ? 4 : 1;
 
   // Warps split the query rows, so softmax row reductions never leave a warp.

@@ -576,9 +576,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) fwd_kernel(__grid_constant__ F
       if (k == 0) fwd_load_q(params, blk, smem, tid);
     }
     Tensor acc_o = partition_fragment_C(typename T::TiledMmaO{}, Shape<Int<T::kBlockM>, Int<T::kHeadDimV>>{});  // O
-    OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value, T::kSoftmaxMaxChains,
-                  T::kSoftmaxSumChains>
-        softmax;
+    OnlineSoftmax<decltype(size<0>(acc_as_rowcol(acc_o.layout())))::value> softmax;
     if (live) {
       fwd_wait_q(tid);
       fwd_mma<T, kDecode>(params, blk, smem, tid, base, acc_o, softmax);

@@ -58,11 +58,6 @@ struct FwdTraits : GmemCopies<Element_, kHeadDim_, 128> {  // one warpgroup's co
   // (bench/RESULTS.md, 2026-12-07 twelfth session). The 192-row tile (three warpgroups of 160 registers) keeps the
   // index: the tile there ran 0.97-0.98x from 4k.
   static constexpr bool kHandOverTile = kBlockM == 128;
-  // A row's max and sum in this many interleaved chains (common/softmax.cuh). Four chains at hd64 measured level on
-  // an H100: 0.97-1.03x for max and sum (thirteenth session), 0.99-1.03x for the max alone (fourteenth session's
-  // A/B; bench/RESULTS.md, 2026-12-07).
-  static constexpr int kSoftmaxMaxChains = 1;
-  static constexpr int kSoftmaxSumChains = 1;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kHeadDim % 32 == 0 && kHeadDim <= 256);
   static_assert(kHeadDimV <= kHeadDim && kHeadDimV % GmemCopies<Element_, kHeadDim_, 128>::kRowChunk == 0);
 
