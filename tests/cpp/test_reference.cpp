@@ -812,22 +812,21 @@ TEST(Reference, PagedKvArgumentsAreChecked) {
   EXPECT_NE(std::string(flashcute_last_error()).find("packed_gqa"), std::string::npos) << flashcute_last_error();
 }
 
-// The kernels' page lookup divides by page_size with a multiply-high (common/kernel_params.h, page_divisor): the
-// same quotients as division, for page sizes from 1 to 2^31 - 1 and key rows up to 2^31 - 1.
-TEST(PageDivisor, MatchesDivision) {
+// The kernels divide page slots and tile indices with a multiply-high (common/kernel_params.h, IntDivisor): the
+// same quotients as division, for divisors from 1 to 2^31 - 1 and dividends up to 2^31 - 1, multiples of the
+// divisor and their neighbours included.
+TEST(IntDivisor, MatchesDivision) {
   std::mt19937 rng(5);
-  std::vector<int> sizes{1, 2, 3, 5, 7, 16, 17, 64, 100, 255, 256, 1000, 4096, 65535, 65536, 1 << 20, (1 << 30) + 7,
-                         2147483647};
+  std::vector<int> sizes{1, 2, 3, 5, 7, 16, 17, 22, 64, 96, 100, 192, 255, 256, 1000, 4096, 65535, 65536, 65537,
+                         1000003, 1 << 20, (1 << 30) + 1, (1 << 30) + 7, 2147483647};
   for (int i = 0; i < 200; ++i) sizes.push_back(1 + (int)(rng() % 100000));
   for (int d : sizes) {
-    uint32_t magic = 0;
-    int shift = 0;
-    flashcute::page_divisor(d, magic, shift);
+    flashcute::IntDivisor const v = flashcute::IntDivisor::make(d);
     std::vector<uint32_t> rows{0, 1, (uint32_t)d - 1, (uint32_t)d, (uint32_t)d + 1, 2147483647u};
+    for (uint64_t q : {2, 3, 1000})
+      for (uint64_t j = q * d - 1; j <= q * d + 1; ++j)
+        if (j < 2147483648u) rows.push_back((uint32_t)j);
     for (int k = 0; k < 300; ++k) rows.push_back(rng() % 2147483648u);
-    for (uint32_t j : rows) {
-      uint32_t const high = (uint32_t)(((uint64_t)j * magic) >> 32);
-      ASSERT_EQ((high + j) >> shift, j / (uint32_t)d) << "page_size " << d << ", row " << j;
-    }
+    for (uint32_t j : rows) ASSERT_EQ((uint32_t)v.div((int)j), j / (uint32_t)d) << "divisor " << d << ", j " << j;
   }
 }

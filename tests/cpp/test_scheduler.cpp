@@ -59,21 +59,6 @@ TEST(TileOrder, EveryTileOnceForAnySectionWidth) {
   }
 }
 
-TEST(TileOrder, DivisorsAreExact) {
-  std::vector<int> js = {0, 1, 2, 3, 127, 128, 191, 192, 193, 65535, 65536, 1 << 30, (1 << 30) + 7,
-                         2147483646, 2147483647};
-  for (int64_t j = 5; j < (int64_t(1) << 31); j = j * 3 + 1) js.push_back(int(j));
-  for (int d : {1, 2, 3, 5, 7, 22, 64, 96, 192, 1000, 65537, 1000003, (1 << 30) + 1, 2147483647}) {
-    IntDivisor const v = IntDivisor::make(d);
-    for (int j : js) ASSERT_EQ(v.div(j), j / d) << j << " / " << d;
-    for (int q : {1, 2, 3, 1000}) {  // around the multiples of d
-      int64_t const j = int64_t(q) * d;
-      for (int64_t k = j - 1; k <= j + 1; ++k)
-        if (k >= 0 && k < (int64_t(1) << 31)) ASSERT_EQ(v.div(int(k)), int(k / d)) << k << " / " << d;
-    }
-  }
-}
-
 TEST(TileOrder, SectionsFitHalfOfL2AndTheCap) {
   int64_t const l2 = 50 << 20;
   // Non-causal: one row per section.
