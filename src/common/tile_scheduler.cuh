@@ -102,7 +102,7 @@ struct FwdTileScheduler {
 #if defined(__CUDACC__)
   // One CTA per tile: this block's tile.
   __device__ static FwdTile tile(FwdTileOrder const& o) {
-    if (o.width.d <= 1 && o.rest == 0) return launched();
+    if (o.width.d == 1) return launched();  // one row after the other (rest is then 0)
     return tile(o, int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)));
   }
   // This block's tile in the order of one row after the other, whatever section_heads says: the portable kernel's,
