@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for bench/pending (README.md there): DIR (default build/pending) holds prebuilt_main.tar.xz and
-# prebuilt_dod.tar.xz (scripts/prebuild.sh output of main and of main + 0001) and v1.so.xz / v2.so.xz (subset
-# libraries of main + 0002 and + 0002-0003). Run on the device as `DEADLINE=<s> bash bench/pending/ab.sh DIR`: the
+# prebuilt_dod.tar.xz (scripts/prebuild.sh output of main and of main + 0001) and v1-v4.so.xz (subset libraries of
+# main + 0002, + 0002-0003, + 0004, + 0002-0004). Run on the device as `DEADLINE=<s> bash bench/pending/ab.sh DIR`: the
 # dO A/B first, then the whole suite on the 0001 library (or its backward grid where time is short), the 192-row
 # A/B, the sanitizers, the portable tiles per profile beside FA2.
 set -uo pipefail
@@ -25,8 +25,9 @@ elif room 100; then (export LD_LIBRARY_PATH=$PWD/.prebuilt_dod/lib FLASHCUTE_LIB
   timeout 90 python3 -m pytest -q --no-header -p no:cacheprovider tests/python/test_gpu_grid.py \
    -k "backward_grid_forced_arch or deterministic_bits" > $OUT/session.txt 2>&1); fi
 echo "session (dod) at $(( $(date +%s) - t0 )) s"; tail -n 25 $OUT/session.txt
-room 120 && timeout -s INT -k 15 110 python3 bench/run.py --mode fwd --impl flashcute --lib v1=$DIR/v1.so --lib v2=$DIR/v2.so \
-  --lib main2=/tmp/main2.so --dtype bf16 --hdim 64 --seqlen 2k,4k,8k,16k --causal 0,1 --rounds 7 --target-s 0.12 \
+room 150 && timeout -s INT -k 15 140 python3 bench/run.py --mode fwd --impl flashcute --lib v1=$DIR/v1.so --lib v2=$DIR/v2.so \
+  --lib v3=$DIR/v3.so --lib v4=$DIR/v4.so --lib main2=/tmp/main2.so --dtype bf16 --hdim 64 --seqlen 2k,4k,8k,16k \
+  --causal 0,1 --rounds 5 --target-s 0.1 \
   --no-plots --no-ceilings --out $OUT/ab > $OUT/ab.txt 2>&1
 echo "ab fwd: exit $? at $(( $(date +%s) - t0 )) s"; awk '/hdim/{p=1} p' $OUT/ab.txt | head -30
 export LD_LIBRARY_PATH=$PWD/.prebuilt_dod/lib FLASHCUTE_LIBRARY=$DOD
@@ -39,8 +40,6 @@ for tool in racecheck synccheck memcheck; do
   echo "sanitize_fwd $tool: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $OUT/san-fwd-$tool.txt | tail -n1) at $(( $(date +%s) - t0 )) s"
 done
 export LD_LIBRARY_PATH=/tmp/m/.prebuilt/lib FLASHCUTE_LIBRARY=$MAIN
-fn=_ZN9flashcute4sm9010fwd_kernelINS0_9FwdTraitsIN7cutlass10bfloat16_tELi64ELi192ELi128ELi12ELi64EEELb0EEEvNS0_9FwdParamsIT_EE
-cuobjdump -sass -fun $fn $MAIN > $OUT/sass_hd64_m192.txt 2>&1; xz -9 $OUT/sass_hd64_m192.txt
 left=$(( ${DEADLINE:-588} - ($(date +%s) - t0) ))
 [ $left -gt 60 ] && timeout -s INT -k 15 $left python3 bench/run.py --mode fwd,bwd --impl flash,flashcute --arch 80,86 --dtype bf16 \
   --hdim 64,128,256 --seqlen 1k,4k,16k --causal 0,1 --target-s 0.08 --rounds 2 --no-plots --no-ceilings \
