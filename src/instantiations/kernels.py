@@ -48,9 +48,11 @@ FWD_SM80 = [
 
 # Backward, portable mma.sync path (FA2's design: one CTA per key tile, dQ added into a float32 workspace).
 # Shared memory: Q with its rows' lse_log2 and D, dO (block_m x D), K, V (block_n x D), P, dS (block_m x block_n),
-# plus a second Q stage when that keeps the tile inside the profile class it was sized for (99 / 163 / 227 KB).
-# Tiles in BWD_V_IN_REGS hold V in registers, P and dS taking its shared memory. Mirrors bwd_double_buffer_q() and
-# SharedStorage in src/sm80/bwd_traits.cuh, which static_asserts the result.
+# plus a second Q stage when that keeps the tile inside the profile class it was sized for (99 / 163 / 227 KB), and
+# beside it a second dO stage where that fits the class too (1.02-1.06x the tiles with one dO stage: bench/RESULTS.md,
+# 2026-12-07 sixteenth session). Tiles in BWD_V_IN_REGS hold V in registers, P and dS taking its shared memory.
+# Mirrors bwd_double_buffer_q(), bwd_double_buffer_do() and SharedStorage in src/sm80/bwd_traits.cuh, which
+# static_asserts the result.
 _SMEM_CLASSES = (101376, 166912, 232448)
 
 
@@ -63,7 +65,9 @@ def bwd_smem_bytes(head_dim, block_m, block_n, warps, v_in_regs=False):
     v, pds = block_n * head_dim, 2 * block_m * block_n
     single = q_stage + 2 * (block_m * head_dim + block_n * head_dim + (max(v, pds) if v_in_regs else v + pds))
     double = _bwd_smem_class(single + q_stage) == _bwd_smem_class(single)
-    return single + (q_stage if double else 0)
+    do_stage = 2 * block_m * head_dim  # a second dO stage beside the second Q stage, where it too fits the class
+    double_do = double and _bwd_smem_class(single + q_stage + do_stage) == _bwd_smem_class(single)
+    return single + (q_stage if double else 0) + (do_stage if double_do else 0)
 
 
 # Two tile sets: 163/227 KB parts (priority 2) and 99 KB parts (priority 1). block_n sets how often Q/dO are re-read
@@ -76,16 +80,16 @@ def bwd_smem_bytes(head_dim, block_m, block_n, warps, v_in_regs=False):
 # 1.11-1.19x the 32x32 w4 tile it replaced (bench/RESULTS.md, 2026-12-06); at hd128 the same change
 # (64x64 w8, V in registers) measured 0.96-1.02x 32x128 and was not kept.
 BWD_SM80 = [
-    ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "146 KB, Q double-buffered (88 B)"),
-    ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "89 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 96, 64, 128, 8, 1, 2, "117 KB, Q double-buffered"),
-    ("sm80", "bwd", 96, 64, 64, 8, 1, 1, "77 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 128, 64, 128, 8, 1, 2, "145 KB, Q double-buffered (20 B)"),
+    ("sm80", "bwd", 64, 128, 128, 8, 1, 2, "162 KB, Q and dO double-buffered"),
+    ("sm80", "bwd", 64, 64, 128, 8, 1, 1, "97 KB, Q and dO double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 96, 64, 128, 8, 1, 2, "129 KB, Q and dO double-buffered"),
+    ("sm80", "bwd", 96, 64, 64, 8, 1, 1, "89 KB, Q and dO double-buffered: 99 KB parts"),
+    ("sm80", "bwd", 128, 64, 128, 8, 1, 2, "161 KB, Q and dO double-buffered"),
     ("sm80", "bwd", 128, 32, 128, 8, 1, 1, "96.25 KB, single Q stage: 99 KB parts"),
-    ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "137 KB, Q double-buffered (16 B)"),
+    ("sm80", "bwd", 192, 64, 64, 8, 1, 2, "161 KB, Q and dO double-buffered"),
     ("sm80", "bwd", 192, 32, 64, 8, 1, 1, "92.5 KB, Q double-buffered: 99 KB parts"),
-    ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144.5 KB, single Q stage (8 B)"),
-    ("sm80", "bwd", 256, 64, 32, 8, 1, 1, "96.5 KB, V in registers, single Q stage: 99 KB parts"),
+    ("sm80", "bwd", 256, 64, 64, 8, 1, 2, "144.5 KB, single Q stage (52 B)"),
+    ("sm80", "bwd", 256, 64, 32, 8, 1, 1, "96.5 KB, V in registers, single Q stage: 99 KB parts (16 B)"),
 ]
 
 # Portable backward tiles whose V stays in registers for the whole key tile (the B operand of dP = dO V^T, FA2's

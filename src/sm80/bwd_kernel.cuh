@@ -33,6 +33,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   constexpr int kBlockN = T::kBlockN;
   constexpr int kHeadDim = T::kHeadDim;
   constexpr bool kDoubleQ = T::kDoubleBufferQ;
+  constexpr bool kDoubleDo = T::kDoubleBufferDo;  // implies kDoubleQ
 
   extern __shared__ __align__(128) char smem_raw[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
@@ -61,8 +62,6 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   Tensor sK = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKV{});       // (kBlockN, D)
   Tensor sV = make_tensor(make_smem_ptr(smem.v()), typename T::SmemLayoutKV{});     // (kBlockN, Dv)
   Tensor sKt = make_tensor(make_smem_ptr(smem.k), typename T::SmemLayoutKt{});      // (D, kBlockN)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQ{});    // (kBlockM, Dv)
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout), typename T::SmemLayoutQt{});  // (Dv, kBlockM)
   Tensor sP = make_tensor(make_smem_ptr(smem.p()), typename T::SmemLayoutPdS{});      // (kBlockM, kBlockN)
   Tensor sPt = make_tensor(make_smem_ptr(smem.p()), typename T::SmemLayoutPdSt{});    // (kBlockN, kBlockM)
   Tensor sdS = make_tensor(make_smem_ptr(smem.ds()), typename T::SmemLayoutPdS{});    // (kBlockM, kBlockN)
@@ -94,8 +93,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     blk.tile_of(it, h, m);
     load_row_terms<kBlockM>(p, b, h, m, smem.rows + stage * 2 * kBlockM);
   };
-  auto load_do = [&](int it) {
-    load_q_rows(smem.dout, do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, it);
+  auto load_do = [&](int it, int stage) {
+    load_q_rows(smem.dout + stage * T::kQElems, do_base, p.dout_head_stride, p.dout_row_stride, p.head_dim_v, it);
   };
 
   if (num_iters > 0) {
@@ -106,7 +105,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     copy_tile_zfill(gmem_load, tKgK, tKsK, tKVcKV, seq.seqlen_k - n0 - load_row, p.head_dim - load_col);
     copy_tile_zfill(gmem_load, tVgV, tVsV, tKVcKV, seq.seqlen_k - n0 - load_row, p.head_dim_v - load_col);
     load_q(0, 0);
-    load_do(0);
+    load_do(0, 0);
     cp_async_fence();
   }
 
@@ -127,10 +126,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
   auto ldsm_q_b = make_tiled_copy_B(typename T::SmemLoadT{}, mma_q);
 
   Tensor tSsK = ldsm_sdp_b.get_thread_slice(tid).partition_S(sK);     // S = Q K^T
-  Tensor tPsdO = ldsm_sdp_a.get_thread_slice(tid).partition_S(sdO);   // dP = dO V^T
   Tensor tPsV = ldsm_sdp_b.get_thread_slice(tid).partition_S(sV);
   Tensor tVsPt = ldsm_kv_a.get_thread_slice(tid).partition_S(sPt);    // dV = P^T dO
-  Tensor tVsdOt = ldsm_kv_b.get_thread_slice(tid).partition_S(sdOt);
   Tensor tKsdSt = ldsm_kv_a.get_thread_slice(tid).partition_S(sdSt);  // dK = dS^T Q
   Tensor tQsdS = ldsm_q_a.get_thread_slice(tid).partition_S(sdS);     // dQ = dS K
 
@@ -184,6 +181,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     blk.tile_of(it, h, m);
     int const m0 = m * kBlockM;
     int const stage = kDoubleQ ? (it & 1) : 0;
+    int const do_stage = kDoubleDo ? (it & 1) : 0;
     auto pass_turn = [&] {
       if constexpr (T::kDqTurns) {
         if (p.dq_turns && it > 0) DqTurns::pass(turn, n_block + 1);
@@ -198,6 +196,7 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     if constexpr (kDoubleQ) {
       if (it + 1 < num_iters) {
         load_q(it + 1, stage ^ 1);
+        if constexpr (kDoubleDo) load_do(it + 1, do_stage ^ 1);
         cp_async_fence();
       }
     }
@@ -205,6 +204,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     Tensor sQt = make_tensor(make_smem_ptr(smem.q + stage * T::kQElems), typename T::SmemLayoutQt{});  // (D, kBlockM)
     Tensor tSsQ = ldsm_sdp_a.get_thread_slice(tid).partition_S(sQ);
     Tensor tKsQt = ldsm_kv_b.get_thread_slice(tid).partition_S(sQt);
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout + do_stage * T::kQElems), typename T::SmemLayoutQ{});  // (kBlockM, Dv)
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout + do_stage * T::kQElems), typename T::SmemLayoutQt{});
+    Tensor tPsdO = ldsm_sdp_a.get_thread_slice(tid).partition_S(sdO);    // dP = dO V^T
+    Tensor tVsdOt = ldsm_kv_b.get_thread_slice(tid).partition_S(sdOt);  // dV = P^T dO
 
     // Row terms from the preprocess; rows past the sequence hold its padding (lse_log2 = +inf, D = 0), so P = 0
     // there.
@@ -254,10 +257,10 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
 
     gemm_ss(acc_dv, tVrPt, tVrdOt, tVsPt, tVsdOt, mma_kv, ldsm_kv_a, ldsm_kv_b);
     if constexpr (!kDoubleQ) gemm_ss(acc_dk, tKrdSt, tKrQt, tKsdSt, tKsQt, mma_kv, ldsm_kv_a, ldsm_kv_b);
-    if (it + 1 < num_iters) {
+    if (!kDoubleDo && it + 1 < num_iters) {
       // Every warp is done reading dO (and the single Q stage): refill them under the dQ product.
       __syncthreads();
-      load_do(it + 1);
+      load_do(it + 1, 0);
       if constexpr (!kDoubleQ) load_q(it + 1, 0);
       cp_async_fence();
     }

@@ -50,6 +50,15 @@ constexpr bool bwd_double_buffer_q(int head_dim, int block_m, int block_n, bool 
   return bwd_smem_class(single + bwd_smem_q_stage(head_dim, block_m)) == bwd_smem_class(single);
 }
 
+// dO gets a second stage too where that, beside Q's second stage, still keeps the tile in its class: the next step's Q
+// and dO then both load at a step's start, and no barrier mid-step waits to refill dO.
+constexpr bool bwd_double_buffer_do(int head_dim, int block_m, int block_n, bool v_in_regs) {
+  int const single = bwd_smem_single(head_dim, block_m, block_n, v_in_regs);
+  return bwd_double_buffer_q(head_dim, block_m, block_n, v_in_regs) &&
+         bwd_smem_class(single + bwd_smem_q_stage(head_dim, block_m) + 2 * block_m * head_dim) ==
+             bwd_smem_class(single);
+}
+
 template <class Element, int M, int N, int kWarps>
 struct BwdMma {
   static constexpr int kWarpsM = bwd_warps_along_m(M, N, kWarps);
@@ -86,6 +95,8 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   static constexpr bool kDqTurns = kHeadDim == 256;
   static_assert(!kDqTurns || kWarps * kDqTurnRows <= kBlockM, "one turn word per warp of a query tile");
   static constexpr int kQStages = kDoubleBufferQ ? 2 : 1;
+  static constexpr bool kDoubleBufferDo = bwd_double_buffer_do(kHeadDim, kBlockM, kBlockN, kVInRegs);
+  static constexpr int kDoStages = kDoubleBufferDo ? 2 : 1;
 
   // dQ = dS K is produced in column chunks (whole 64-column swizzle atoms of K) when a whole (kBlockM, D)
   // accumulator would cost more than 32 registers per thread on top of the live dK/dV accumulators; hd256 takes
@@ -137,7 +148,7 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
                                              : kKVElems + 2 * kPdSElems;
   struct SharedStorage {
     alignas(128) Element q[kQStages * kQElems];
-    alignas(128) Element dout[kQElems];
+    alignas(128) Element dout[kDoStages * kQElems];
     alignas(128) Element k[kKVElems];  // reused for dK in the epilogue
     alignas(128) Element v_p_ds[kVPdSElems];  // V's part reused for dV in the epilogue
     // Per Q stage: lse_log2 then D of its kBlockM rows, fetched by cp.async with Q and read in the elementwise
@@ -149,7 +160,8 @@ struct BwdTraits : Sm80TileBase<Element_, kHeadDim_, kWarps_ * 32> {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes == bwd_smem_single(kHeadDim, kBlockM, kBlockN, kVInRegs) +
-                                  (kQStages - 1) * bwd_smem_q_stage(kHeadDim, kBlockM),
+                                  (kQStages - 1) * bwd_smem_q_stage(kHeadDim, kBlockM) +
+                                  (kDoStages - 1) * kQElems * int(sizeof(Element)),
                 "must match bwd_smem_bytes() in src/instantiations/kernels.py, which dispatch reads");
 };
 
