@@ -204,7 +204,8 @@ __device__ __forceinline__ void bwd_key_tile(BwdKernelParams const& p, int const
     Tensor sQt = make_tensor(make_smem_ptr(smem.q + stage * T::kQElems), typename T::SmemLayoutQt{});  // (D, kBlockM)
     Tensor tSsQ = ldsm_sdp_a.get_thread_slice(tid).partition_S(sQ);
     Tensor tKsQt = ldsm_kv_b.get_thread_slice(tid).partition_S(sQt);
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout + do_stage * T::kQElems), typename T::SmemLayoutQ{});  // (kBlockM, Dv)
+    // (kBlockM, Dv)
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout + do_stage * T::kQElems), typename T::SmemLayoutQ{});
     Tensor sdOt = make_tensor(make_smem_ptr(smem.dout + do_stage * T::kQElems), typename T::SmemLayoutQt{});
     Tensor tPsdO = ldsm_sdp_a.get_thread_slice(tid).partition_S(sdO);    // dP = dO V^T
     Tensor tVsdOt = ldsm_kv_b.get_thread_slice(tid).partition_S(sdOt);  // dV = P^T dO
