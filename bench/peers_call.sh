@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# A second device call for the README's tables: the Hopper kernels beside FlashAttention-4, cuDNN and FA2.
+# One device call for the README's tables: the Hopper kernels beside FlashAttention-4, cuDNN and FA2
+# (`DEADLINE=200 bash bench/peers_call.sh`: about 110 s on a warm H100).
 # Carry [".peers", "build/peerlib"] (../shared/peers/fa4/pack.sh fills .peers, about 60 MB, so the library travels as
 # a subset: libflashcute.so.xz of cmake -DFLASHCUTE_KERNELS=
 # 'sm90_(fwd_bf16_hd(64_m(128n128|192)|128_m(128n128|64n128)|256_)|bwd_bf16_hd(64|128|256)_)', 1.6 MB).
 # Then, here: python3 bench/run.py --from-json <results.json> --readme.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/out}
 t0=$(date +%s)
 eval "$(bash .peers/unpack.sh)"
