@@ -22,6 +22,7 @@ _FUNC = re.compile(r"Function : (\S+)")
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRA = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:`?\(?)(0x[0-9a-f]+)")
 _RES = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+)")
+_ENDS = ("BRA", "EXIT", "RET", "BRX", "JMX")  # opcodes after which a basic block ends
 
 
 def find_cuobjdump():
@@ -56,6 +57,12 @@ def _opcode(text):
     return parts[1] if parts[0].startswith("@") and len(parts) > 1 else parts[0]
 
 
+def _target(text, index):
+    """The instruction index a branch goes to, or None (not a branch, or an address outside the kernel)."""
+    m = _BRA.search(text)
+    return index.get(int(m.group(1), 16)) if m else None
+
+
 def loop_depths(insns):
     """Per instruction, how many natural loops of the control-flow graph contain it (a loop: a branch to a block that
     dominates it, and the code that reaches the branch without passing that block; loops sharing a header count
@@ -63,12 +70,11 @@ def loop_depths(insns):
     n = len(insns)
     index = {addr: i for i, (addr, _) in enumerate(insns)}
     starts = {0}
-    for i, (addr, text) in enumerate(insns):
-        op = _opcode(text)
-        m = _BRA.search(text)
-        if m and int(m.group(1), 16) in index:
-            starts.add(index[int(m.group(1), 16)])
-        if op.split(".")[0] in ("BRA", "EXIT", "RET", "BRX", "JMX") and i + 1 < n:
+    for i, (_, text) in enumerate(insns):
+        t = _target(text, index)
+        if t is not None:
+            starts.add(t)
+        if _opcode(text).split(".")[0] in _ENDS and i + 1 < n:
             starts.add(i + 1)
     starts = sorted(starts)
     block_of = [0] * n
@@ -76,19 +82,15 @@ def loop_depths(insns):
         for i in range(lo, starts[b + 1] if b + 1 < len(starts) else n):
             block_of[i] = b
     preds = [set() for _ in starts]
-    back = []
+    branches = []  # (block, target block) of every branch; the back edges among them are found below
     for b, lo in enumerate(starts):
-        last = (starts[b + 1] if b + 1 < len(starts) else n) - 1
-        text = insns[last][1]
-        op = _opcode(text).split(".")[0]
-        guarded = text.startswith("@")
-        m = _BRA.search(text)
-        if m and int(m.group(1), 16) in index:
-            t = block_of[index[int(m.group(1), 16)]]
-            preds[t].add(b)
-            back.append((b, t))
-        falls = not (op in ("BRA", "EXIT", "RET", "BRX", "JMX") and not guarded)
-        if falls and b + 1 < len(starts):
+        text = insns[(starts[b + 1] if b + 1 < len(starts) else n) - 1][1]
+        t = _target(text, index)
+        if t is not None:
+            preds[block_of[t]].add(b)
+            branches.append((b, block_of[t]))
+        ends = _opcode(text).split(".")[0] in _ENDS and not text.startswith("@")
+        if not ends and b + 1 < len(starts):
             preds[b + 1].add(b)
     # Back edges are those whose target dominates their source (Cooper, Harvey and Kennedy's iteration): a wait's
     # out-of-line retry block branches to an earlier address without closing a loop.
@@ -142,7 +144,7 @@ def loop_depths(insns):
         return False
 
     bodies = {}
-    for src, head in back:
+    for src, head in branches:
         if not dominates(head, src):
             continue
         body = bodies.setdefault(head, {head})
