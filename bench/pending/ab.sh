@@ -15,8 +15,9 @@ MAIN=/tmp/m/.prebuilt/lib/libflashcute.so CAND=/tmp/c/libflashcute.so
 export FLASHCUTE_LIBRARY=$MAIN PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 cp $MAIN /tmp/main2.so
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee $OUT/gpu.txt
-timeout -s INT -k 15 200 python3 bench/run.py --mode bwd --impl flashcute,flashcute-det --lib cand=$CAND \
-  --lib main2=/tmp/main2.so --dtype bf16 --hdim 64 --seqlen 1k,2k,4k,8k,16k --causal 0,1 --rounds 6 \
+# A short call: IMPLS=flashcute SEQLENS=4k,16k ROUNDS=4.
+timeout -s INT -k 15 200 python3 bench/run.py --mode bwd --impl ${IMPLS:-flashcute,flashcute-det} --lib cand=$CAND \
+  --lib main2=/tmp/main2.so --dtype bf16 --hdim 64 --seqlen ${SEQLENS:-1k,2k,4k,8k,16k} --causal 0,1 --rounds ${ROUNDS:-6} \
   --target-s 0.06 --no-plots --no-ceilings --out $OUT/ab > $OUT/ab.txt 2>&1
 echo "ab bwd: exit $? at $(( $(date +%s) - t0 )) s"; awk '/hdim/{p=1} p' $OUT/ab.txt | head -30
 export FLASHCUTE_LIBRARY=$CAND
