@@ -77,20 +77,21 @@ def loop_depths(insns):
         if _opcode(text).split(".")[0] in _ENDS and i + 1 < n:
             starts.add(i + 1)
     starts = sorted(starts)
+    ends = starts[1:] + [n]  # block b covers instructions [starts[b], ends[b])
     block_of = [0] * n
-    for b, lo in enumerate(starts):
-        for i in range(lo, starts[b + 1] if b + 1 < len(starts) else n):
+    for b, (lo, hi) in enumerate(zip(starts, ends)):
+        for i in range(lo, hi):
             block_of[i] = b
     preds = [set() for _ in starts]
     branches = []  # (block, target block) of every branch; the back edges among them are found below
-    for b, lo in enumerate(starts):
-        text = insns[(starts[b + 1] if b + 1 < len(starts) else n) - 1][1]
+    for b, hi in enumerate(ends):
+        text = insns[hi - 1][1]
         t = _target(text, index)
         if t is not None:
             preds[block_of[t]].add(b)
             branches.append((b, block_of[t]))
-        ends = _opcode(text).split(".")[0] in _ENDS and not text.startswith("@")
-        if not ends and b + 1 < len(starts):
+        stops = _opcode(text).split(".")[0] in _ENDS and not text.startswith("@")  # no fall-through
+        if not stops and b + 1 < len(starts):
             preds[b + 1].add(b)
     # Back edges are those whose target dominates their source (Cooper, Harvey and Kennedy's iteration): a wait's
     # out-of-line retry block branches to an earlier address without closing a loop.
